@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian machine: installs what is missing, builds, then runs the requested job.
+#   scripts/dsv4.sh run    build + run the main job on the embedded default model
+#   scripts/dsv4.sh test   build + run the whole test suite (what CI runs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-}"
+case "$job" in run|test) ;; *) echo "usage: $0 run|test" >&2; exit 2 ;; esac
+
+# --- dependencies ------------------------------------------------------------------------------------------------
+apt_pkgs=(cmake g++ make pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev libcli11-dev
+          libomp-dev python3 python3-pip)
+missing=()
+for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  echo "dsv4: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+if [ "$job" = test ]; then
+  # Test tooling only (oracles for the tokenizer parity test, the OpenAI SDK for server tests); never an engine dep.
+  python3 - <<'PY' 2>/dev/null || python3 -m pip install -q -r tools/requirements-test.txt
+import importlib, sys
+for m in [l.split("==")[0].split(">=")[0].strip().replace("-", "_") for l in open("tools/requirements-test.txt") if l.strip() and not l.startswith("#")]:
+    importlib.import_module({"openai": "openai"}.get(m, m))
+PY
+fi
+
+# --- build ---------------------------------------------------------------------------------------------------------
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+
+# --- job -----------------------------------------------------------------------------------------------------------
+if [ "$job" = test ]; then
+  ctest --test-dir build --output-on-failure -j"$jobs"
+else
+  ./build/dsv4 --version
+  ./build/dsv4 inspect models/default
+fi

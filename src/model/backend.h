@@ -1,0 +1,79 @@
+#pragma once
+// The DeepSeek-V4 op interface. The model forward (model.cpp) is written once against it; backend/cpu (the fp32
+// reference) and backend/cuda implement it. Ops are model-specific so that backends can fuse freely: each op names a
+// layer and works on a chunk of `n` consecutive tokens of ONE sequence at absolute positions [pos0, pos0 + n).
+// All float* / int32_t* activation pointers live in backend memory (host for CPU, device for CUDA) and come from
+// Backend::alloc_*; the model never dereferences them.
+#include <cstdint>
+#include <memory>
+
+#include "checkpoint/config.h"
+#include "model/model_weights.h"
+
+namespace dsv4 {
+
+// reference: exact fp32 math (what HF transformers computes). official: the release's quantization simulation
+// (MODEL.md §4: FP8 1x128 activations into FP8/FP4 linears, SIM8 on KV nope dims, Hadamard + SIM4 in the indexer,
+// BF16 roundings).
+enum class Numerics { Reference, Official };
+const char* numerics_name(Numerics n);
+Numerics parse_numerics(const std::string& s);  // throws on unknown names
+
+enum class HcSite { Attn, Ffn };
+enum class CompressorKind { Main, Indexer };
+
+// Per-sequence decode state (window rings, compressed caches, compressor running state). Owned by the backend;
+// sized once from max_context and never grown.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t max_context() const = 0;
+  virtual void reset() = 0;  // back to an empty sequence (state must be re-initialised per sequence)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Prepares weights in the backend's own storage (CPU: fp32; CUDA: device copies in their stored formats).
+  virtual void load(const ModelConfig& cfg, const ModelWeights& w, Numerics numerics) = 0;
+  virtual std::unique_ptr<SequenceState> new_sequence(int64_t max_context) = 0;
+
+  virtual float* alloc_f32(size_t count) = 0;      // lives as long as the backend
+  virtual int32_t* alloc_i32(size_t count) = 0;
+  virtual void upload_i32(int32_t* dst, const int32_t* host, size_t count) = 0;
+  virtual void download_f32(float* host, const float* src, size_t count) = 0;
+  virtual void download_i32(int32_t* host, const int32_t* src, size_t count) = 0;
+  virtual void synchronize() {}
+
+  // X[n, hc, d] = embed[ids] broadcast to every stream.
+  virtual void embed(const int32_t* ids, int n, float* X) = 0;
+  // mHC collapse + the following RMSNorm: x[n, d] = rms(Σ_s pre_s X_s, attn_norm|ffn_norm); post[n, hc]; comb[n, hc, hc].
+  virtual void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) = 0;
+  // X[n, hc, d] = post ⊗ y + combᵀ X (in place).
+  virtual void hc_post(const float* y, const float* post, const float* comb, int n, float* X) = 0;
+  // Query path and this chunk's window KV: qr[n, q_lora] (normed, also the indexer's input), q[n, H, D] (per-head
+  // norm + RoPE at its position), kv[n, D] (norm, RoPE, and SIM8 in official mode).
+  virtual void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) = 0;
+  // Feeds the chunk through a compressor, appending every entry it completes to the state's compressed cache.
+  virtual void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
+                               SequenceState& st) = 0;
+  // Lightning indexer: topk[n, index_topk] = entries chosen for each query (-1 = none), only visible ones.
+  virtual void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& st,
+                            int32_t* topk) = 0;
+  // Sparse attention with sink over: window (ring entries of earlier chunks + this chunk's kv) and compressed
+  // entries (CSA: topk; HCA: all visible). o[n, H, D].
+  virtual void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
+                      SequenceState& st, float* o) = 0;
+  // Writes the chunk's window KV into the ring (after attention, so a chunk longer than the window stays correct).
+  virtual void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& st) = 0;
+  // Inverse RoPE at the query position, grouped wo_a, wo_b: out[n, d].
+  virtual void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) = 0;
+  // Routed (hash or score) + shared experts: out[n, d]. ids are the chunk's token ids (for hash routing).
+  virtual void moe(int layer, const float* x, const int32_t* ids, int n, float* out) = 0;
+  // hc_head collapse, final norm, LM head: logits[n, vocab].
+  virtual void head(const float* X, int n, float* logits) = 0;
+};
+
+}  // namespace dsv4

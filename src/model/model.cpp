@@ -1,0 +1,80 @@
+#include "model/model.h"
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+const char* numerics_name(Numerics n) { return n == Numerics::Reference ? "reference" : "official"; }
+
+Numerics parse_numerics(const std::string& s) {
+  if (s == "reference") return Numerics::Reference;
+  if (s == "official") return Numerics::Official;
+  fail("unknown numerics '", s, "' (expected reference or official)");
+}
+
+Model::Model(const std::string& dir, std::unique_ptr<Backend> backend, Numerics numerics)
+    : cfg_(load_model_config(dir + "/config.json")),
+      ckpt_(ckpt::Checkpoint::open(dir)),
+      weights_(resolve_model_weights(ckpt_, cfg_)),
+      backend_(std::move(backend)),
+      numerics_(numerics) {
+  backend_->load(cfg_, weights_, numerics_);
+}
+
+Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
+  if (max_chunk <= 0) fail("max_chunk must be positive");
+  const ModelConfig& c = m.config();
+  Backend& b = m.backend();
+  const size_t n = static_cast<size_t>(max_chunk);
+  X_ = b.alloc_f32(n * c.hc_mult * c.hidden);
+  x_ = b.alloc_f32(n * c.hidden);
+  post_ = b.alloc_f32(n * c.hc_mult);
+  comb_ = b.alloc_f32(n * c.hc_mult * c.hc_mult);
+  qr_ = b.alloc_f32(n * c.q_lora_rank);
+  q_ = b.alloc_f32(n * c.n_heads * c.head_dim);
+  kv_ = b.alloc_f32(n * c.head_dim);
+  o_ = b.alloc_f32(n * c.n_heads * c.head_dim);
+  y_ = b.alloc_f32(n * c.hidden);
+  logits_ = b.alloc_f32(n * c.vocab_size);
+  ids_ = b.alloc_i32(n);
+  topk_ = b.alloc_i32(n * static_cast<size_t>(std::max(c.index_topk, 1)));
+}
+
+void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  if (n <= 0 || n > max_chunk_) fail("chunk of ", n, " tokens does not fit the forward's max chunk ", max_chunk_);
+  if (pos0 + n > st.max_context())
+    fail("sequence of ", pos0 + n, " tokens exceeds the session's max context ", st.max_context());
+  for (int i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at position ", pos0 + i, " is out of range [0, ", c.vocab_size, ")");
+  b.upload_i32(ids_, ids, static_cast<size_t>(n));
+  b.embed(ids_, n, X_);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const AttnKind kind = c.kind(l);
+    // Attention sub-layer (MODEL.md §6.5 steps 1-5).
+    b.hc_pre(l, HcSite::Attn, X_, n, x_, post_, comb_);
+    b.attn_qkv(l, x_, n, pos0, qr_, q_, kv_);
+    const int32_t* topk = nullptr;
+    if (kind == AttnKind::CSA) {
+      b.compressor_step(l, CompressorKind::Indexer, x_, n, pos0, st);
+      b.indexer_topk(l, x_, qr_, n, pos0, st, topk_);
+      topk = topk_;
+    }
+    if (kind != AttnKind::SWA) b.compressor_step(l, CompressorKind::Main, x_, n, pos0, st);
+    b.attend(l, q_, kv_, topk, n, pos0, st, o_);
+    b.window_store(l, kv_, n, pos0, st);
+    b.attn_out(l, o_, n, pos0, y_);
+    b.hc_post(y_, post_, comb_, n, X_);
+    // FFN sub-layer.
+    b.hc_pre(l, HcSite::Ffn, X_, n, x_, post_, comb_);
+    b.moe(l, x_, ids_, n, y_);
+    b.hc_post(y_, post_, comb_, n, X_);
+  }
+  if (logits) {
+    b.head(X_, n, logits_);
+    b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+  }
+}
+
+}  // namespace dsv4

@@ -50,6 +50,17 @@ static uint32_t encode_small_magnitude(float ax, int mbits, int bias) {
   return code;
 }
 
+uint16_t encode_f16(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if (std::isnan(x)) return static_cast<uint16_t>(sign | 0x7E00);  // quiet NaN
+  float ax = std::fabs(x);
+  // Max finite 65504; the next step would be 65536, so RNE sends [65520, inf] to inf (65520 is a tie with an odd
+  // mantissa below it).
+  if (ax >= 65520.0f) return static_cast<uint16_t>(sign | 0x7C00);
+  return static_cast<uint16_t>(sign | encode_small_magnitude(ax, 10, 15));
+}
+
 float decode_e4m3(uint8_t b) {
   uint32_t s = b >> 7, e = (b >> 3) & 0xF, m = b & 7;
   if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();

@@ -210,6 +210,7 @@ class CpuBackend final : public Backend {
 
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override {
     if (max_context <= 0) fail("max context must be positive");
+    reserve_scratch(max_context);
     return std::make_unique<CpuSequence>(c_, layers_, max_context);
   }
 
@@ -242,14 +243,15 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int t = 0; t < n; ++t) {
       const float* Xt = X + t * hc * d;
-      vector<float> mix(static_cast<size_t>(c_.hc_mix()));
+      vector<float>& mix = scratch(13, static_cast<size_t>(c_.hc_mix()));
       mhc_mix(h, Xt, mix.data());
       float pre[16];
       for (int s = 0; s < hc; ++s) pre[s] = sigmoidf(mix[s] * h.scale[0] + h.base[s]) + eps;
       for (int s = 0; s < hc; ++s) post[t * hc + s] = 2.0f * sigmoidf(mix[hc + s] * h.scale[1] + h.base[hc + s]);
       float* C = comb + t * hc * hc;
       sinkhorn(h, mix.data(), C);
-      vector<float> xin(static_cast<size_t>(d), 0.0f);
+      vector<float>& xin = scratch(14, static_cast<size_t>(d));
+      std::fill(xin.begin(), xin.begin() + d, 0.0f);
       for (int s = 0; s < hc; ++s)
         for (int64_t j = 0; j < d; ++j) xin[j] += pre[s] * Xt[s * d + j];
       if (official_) num::round_bf16(xin.data(), d);
@@ -265,7 +267,7 @@ class CpuBackend final : public Backend {
     for (int t = 0; t < n; ++t) {
       float* Xt = X + t * hc * d;
       const float* C = comb + t * hc * hc;
-      vector<float> out(static_cast<size_t>(hc * d));
+      vector<float>& out = scratch(13, static_cast<size_t>(hc * d));
       for (int k = 0; k < hc; ++k)
         for (int64_t j = 0; j < d; ++j) {
           float v = post[t * hc + k] * y[t * d + j];
@@ -273,7 +275,7 @@ class CpuBackend final : public Backend {
           out[static_cast<size_t>(k * d + j)] = v;
         }
       if (official_) num::round_bf16(out.data(), hc * d);
-      std::memcpy(Xt, out.data(), out.size() * 4);
+      std::memcpy(Xt, out.data(), static_cast<size_t>(hc * d) * 4);
     }
   }
 
@@ -326,7 +328,8 @@ class CpuBackend final : public Backend {
     vector<float>& Z = scratch(2, static_cast<size_t>(n * W));
     cpu::matmul_nt(x, n, c_.hidden, C.wkv.w.data(), W, K.data());
     cpu::matmul_nt(x, n, c_.hidden, C.wgate.w.data(), W, Z.data());
-    vector<float> entry(static_cast<size_t>(c)), wts(static_cast<size_t>(2 * m));
+    vector<float>& entry = scratch(22, static_cast<size_t>(c));
+    vector<float>& wts = scratch(21, static_cast<size_t>(2 * m));
     for (int i = 0; i < n; ++i) {
       const int64_t t = pos0 + i;
       const int r = static_cast<int>(t % m);
@@ -366,7 +369,7 @@ class CpuBackend final : public Backend {
       finish_entry(L, C, entry.data(), w * m, main);
       if ((count + 1) * c > static_cast<int64_t>(cache.size()))
         fail("compressed cache of layer ", layer, " is full (max context ", sst.max_context(), ")");
-      std::copy(entry.begin(), entry.end(), cache.begin() + count * c);
+      std::copy(entry.begin(), entry.begin() + c, cache.begin() + count * c);
       ++count;
     }
   }
@@ -400,7 +403,7 @@ class CpuBackend final : public Backend {
       }
       float* wi = wI.data() + static_cast<int64_t>(i) * Hi;
       if (official_) num::round_bf16(wi, Hi);
-      vector<std::pair<float, int32_t>> sc(static_cast<size_t>(visible));
+      vector<std::pair<float, int32_t>>& sc = tls<std::pair<float, int32_t>>(0, static_cast<size_t>(visible));
       for (int64_t w = 0; w < visible; ++w) {
         const float* k = S.idx_cache.data() + w * Di;
         double s = 0.0;
@@ -414,7 +417,7 @@ class CpuBackend final : public Backend {
       }
       const int64_t k = std::min<int64_t>(K, visible);
       // Highest score first; ties broken by lower index (the reference's tie order is implementation defined).
-      std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const auto& a, const auto& b) {
+      std::partial_sort(sc.begin(), sc.begin() + k, sc.begin() + visible, [](const auto& a, const auto& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
       });
       int32_t* out = topk + static_cast<int64_t>(i) * K;
@@ -433,13 +436,18 @@ class CpuBackend final : public Backend {
     for (int i = 0; i < n; ++i) {
       const int64_t t = pos0 + i;
       // Candidate rows: window positions max(0, t-W+1)..t, then compressed entries.
-      vector<const float*> rows;
+      vector<const float*>& rowbuf = tls<const float*>(0, 0);
+      size_t nrows = 0;
+      auto push = [&](const float* r) {
+        if (nrows == rowbuf.size()) rowbuf.resize(nrows * 2 + 16);  // only if max context was exceeded
+        rowbuf[nrows++] = r;
+      };
       for (int64_t p = std::max<int64_t>(0, t - Wn + 1); p <= t; ++p)
-        rows.push_back(p >= pos0 ? kv + (p - pos0) * D : S.ring.data() + (p % Wn) * D);
+        push(p >= pos0 ? kv + (p - pos0) * D : S.ring.data() + (p % Wn) * D);
       if (L.kind == AttnKind::HCA) {
         const int64_t visible = (t + 1) / L.ratio;
         if (visible > S.n_comp) fail("attention: HCA entries missing at position ", t);
-        for (int64_t w = 0; w < visible; ++w) rows.push_back(S.comp_cache.data() + w * D);
+        for (int64_t w = 0; w < visible; ++w) push(S.comp_cache.data() + w * D);
       } else if (L.kind == AttnKind::CSA) {
         const int64_t visible = (t + 1) / L.ratio;
         for (int j = 0; j < K; ++j) {
@@ -447,25 +455,26 @@ class CpuBackend final : public Backend {
           if (w < 0) continue;
           if (w >= visible || w >= S.n_comp)
             fail("attention: indexer selected invisible compressed entry ", w, " for position ", t, " (visible ", visible, ")");
-          rows.push_back(S.comp_cache.data() + w * D);
+          push(S.comp_cache.data() + w * D);
         }
       }
-      vector<float> s(rows.size());
+      const float* const* rows = rowbuf.data();
+      vector<float>& s = scratch(20, nrows);
       for (int h = 0; h < H; ++h) {
         const float* qh = q + (static_cast<int64_t>(i) * H + h) * D;
         float mx = L.sink[static_cast<size_t>(h)];
-        for (size_t j = 0; j < rows.size(); ++j) {
+        for (size_t j = 0; j < nrows; ++j) {
           s[j] = cpu::dot(qh, rows[j], D) * scale;
           mx = std::max(mx, s[j]);
         }
         double z = std::exp(static_cast<double>(L.sink[static_cast<size_t>(h)] - mx));  // sink: denominator only
-        for (size_t j = 0; j < rows.size(); ++j) {
+        for (size_t j = 0; j < nrows; ++j) {
           s[j] = static_cast<float>(std::exp(static_cast<double>(s[j] - mx)));
           z += s[j];
         }
         float* oh = o + (static_cast<int64_t>(i) * H + h) * D;
         std::fill(oh, oh + D, 0.0f);
-        for (size_t j = 0; j < rows.size(); ++j) {
+        for (size_t j = 0; j < nrows; ++j) {
           float p = static_cast<float>(s[j] / z);
           if (official_) p = num::decode_bf16(num::encode_bf16(p));
           const float* v = rows[j];
@@ -517,23 +526,25 @@ class CpuBackend final : public Backend {
     std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
     for (int t = 0; t < n; ++t) {
       const float* lg = logits.data() + static_cast<int64_t>(t) * E;
-      vector<float> s(static_cast<size_t>(E));
+      vector<float>& s = scratch(15, static_cast<size_t>(E));
       score(lg, E, s.data());
-      vector<int> idx(static_cast<size_t>(k));
+      int idx[64];
+      if (k > 64) fail("num_experts_per_tok > 64 is not supported");
       if (L.hash) {
         for (int j = 0; j < k; ++j) idx[j] = L.tid2eid[static_cast<size_t>(ids[t]) * k + j];
       } else {
-        vector<int> order(static_cast<size_t>(E));
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+        vector<int>& order = tls<int>(0, static_cast<size_t>(E));
+        std::iota(order.begin(), order.begin() + E, 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.begin() + E, [&](int a, int b) {
           float sa = s[a] + L.gate_bias[a], sb = s[b] + L.gate_bias[b];
           return sa > sb || (sa == sb && a < b);
         });
-        std::copy(order.begin(), order.begin() + k, idx.begin());
+        std::copy(order.begin(), order.begin() + k, idx);
       }
       double sum = 0.0;
       for (int j = 0; j < k; ++j) sum += s[idx[j]];
-      vector<double> acc(static_cast<size_t>(d), 0.0);
+      vector<double>& acc = tls<double>(0, static_cast<size_t>(d));
+      std::fill(acc.begin(), acc.begin() + d, 0.0);
       for (int j = 0; j < k; ++j) {
         float wgt = static_cast<float>(c_.norm_topk_prob ? s[idx[j]] / sum : s[idx[j]]) *
                     static_cast<float>(c_.routed_scaling_factor);
@@ -558,7 +569,8 @@ class CpuBackend final : public Backend {
         float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hc * d) + c_.rms_eps));
         for (int s = 0; s < hc; ++s) mix[s] = cpu::dot(hc_head_.fn.data() + s * hc * d, Xt, hc * d) * rs;
       }
-      vector<float> hv(static_cast<size_t>(d), 0.0f);
+      vector<float>& hv = scratch(14, static_cast<size_t>(d));
+      std::fill(hv.begin(), hv.begin() + d, 0.0f);
       for (int s = 0; s < hc; ++s) {
         float pre = sigmoidf(mix[s] * hc_head_.scale[0] + hc_head_.base[s]) + static_cast<float>(c_.hc_eps);
         for (int64_t j = 0; j < d; ++j) hv[j] += pre * Xt[s * d + j];
@@ -703,13 +715,42 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Scratch buffers keyed by slot: grow once to the largest size seen, then reused (no per-token allocation).
-  vector<float>& scratch(int slot, size_t n) {
-    thread_local std::vector<std::vector<float>> bufs;
+  // Scratch buffers keyed by slot, per thread: they grow to the largest size seen and are then reused, and
+  // new_sequence() pre-grows them for its max context on every OpenMP thread, so decoding never allocates.
+  template <typename T = float>
+  static vector<T>& tls(int slot, size_t n) {
+    thread_local std::vector<std::vector<T>> bufs;
     if (bufs.size() <= static_cast<size_t>(slot)) bufs.resize(static_cast<size_t>(slot) + 1);
     auto& b = bufs[static_cast<size_t>(slot)];
     if (b.size() < n) b.resize(n);
     return b;
+  }
+  static vector<float>& scratch(int slot, size_t n) { return tls<float>(slot, n); }
+
+  // Pre-grows every scratch slot a decode step (n = 1) or a chunk of `chunk` tokens touches.
+  void reserve_scratch(int64_t max_ctx) {
+    const int64_t D = c_.head_dim, d = c_.hidden;
+    int64_t max_rows = c_.window;
+    for (const Layer& L : layers_)
+      if (L.has_comp) max_rows = std::max<int64_t>(max_rows, c_.window + (L.kind == AttnKind::HCA ? max_ctx / L.ratio + 1 : c_.index_topk));
+    int64_t max_comp = 1;
+    for (const Layer& L : layers_)
+      if (L.has_comp) max_comp = std::max<int64_t>(max_comp, max_ctx / L.ratio + 1);
+    const size_t big = static_cast<size_t>(std::max<int64_t>({c_.q_lora_rank, D, c_.hc_mult * d, c_.moe_inter, d,
+                                                              c_.n_routed_experts, 4 * c_.index_head_dim,
+                                                              c_.n_heads * D, c_.o_groups * c_.o_lora_rank,
+                                                              c_.index_n_heads * c_.index_head_dim}));
+#pragma omp parallel
+    {
+      for (int slot = 0; slot < 16; ++slot) scratch(slot, big);
+      tls<const float*>(0, static_cast<size_t>(max_rows));
+      scratch(20, static_cast<size_t>(max_rows));
+      tls<std::pair<float, int32_t>>(0, static_cast<size_t>(max_comp));
+      tls<int>(0, static_cast<size_t>(c_.n_routed_experts));
+      tls<double>(0, static_cast<size_t>(d));
+      scratch(21, static_cast<size_t>(2 * 128));
+      scratch(22, static_cast<size_t>(std::max<int64_t>(D, c_.index_head_dim)));
+    }
   }
 
   ModelConfig c_;

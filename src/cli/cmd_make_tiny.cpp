@@ -1,0 +1,30 @@
+// dsv4 make-tiny DIR: a small random DeepSeek-V4 checkpoint in the official layout, in any released format.
+#include <CLI/CLI.hpp>
+
+#include "cli/command.h"
+#include "model/tiny_model.h"
+
+namespace {
+int cmd_make_tiny(const std::vector<std::string>& args) {
+  CLI::App app{"Write a small random DeepSeek-V4 checkpoint (official layout)", "dsv4 make-tiny"};
+  std::string dir;
+  dsv4::TinySpec sp;
+  app.add_option("DIR", dir, "output directory")->required();
+  app.add_option("--format", sp.format, "bf16|fp8|base|nvfp4")->check(CLI::IsMember({"bf16", "fp8", "base", "nvfp4"}));
+  app.add_option("--schedule", sp.schedule, "flash|pro")->check(CLI::IsMember({"flash", "pro"}));
+  app.add_option("--vocab", sp.vocab, "vocabulary size")->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
+  app.add_option("--layers", sp.layers, "main layers")->check(CLI::Range(2, 64));
+  app.add_option("--seed", sp.seed, "random seed");
+  std::vector<std::string> rev(args.rbegin(), args.rend());
+  try {
+    app.parse(rev);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  dsv4::write_tiny_model(dir, sp);
+  std::printf("wrote %s (%s, %s schedule, vocab %lld, %d layers)\n", dir.c_str(), sp.format.c_str(),
+              sp.schedule.c_str(), (long long)sp.vocab, sp.layers);
+  return 0;
+}
+}  // namespace
+DSV4_REGISTER_COMMAND("make-tiny", "write a small random checkpoint (tests, default model)", cmd_make_tiny);

@@ -1,0 +1,21 @@
+#pragma once
+// Writes small random DeepSeek-V4 checkpoints in every supported layout/format (tests, `dsv4 make-tiny`, and the
+// embedded default model). Shapes and names follow the same inventory resolve_model_weights() checks.
+#include <cstdint>
+#include <string>
+
+namespace dsv4 {
+
+struct TinySpec {
+  std::string format = "fp8";    // bf16 | fp8 (FP8 E8M0 + MXFP4 experts) | base (FP8 F32 scales, FP8 experts) |
+                                 // nvfp4 (fp8 + NVFP4 routed experts). The HF layout comes from tools/oracle.
+  std::string schedule = "flash";  // flash (SWA, SWA, CSA/HCA...) | pro (HCA, HCA, CSA/HCA...)
+  int64_t vocab = 512;
+  int layers = 4;
+  uint64_t seed = 1;
+  bool with_mtp = true;
+};
+
+void write_tiny_model(const std::string& dir, const TinySpec& spec);
+
+}  // namespace dsv4

@@ -1,0 +1,555 @@
+// The CUDA backend: the DeepSeek-V4 op interface on one GPU. Weights stay in their stored formats on the device
+// (FP8 E4M3 + 128x128 scales, MXFP4/NVFP4 packed E2M1 + block scales, BF16/F16/F32) and are dequantized inside the
+// kernels; activations are fp32 device buffers; per-sequence state lives in device memory sized from max_context.
+// Each op mirrors its CPU twin in backend/cpu/cpu_backend.cpp, including where `official` numerics quantize/round.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops.h"
+#include "core/error.h"
+#include "model/rope.h"
+
+namespace dsv4 {
+namespace {
+
+using cuda::DevLinear;
+
+// Owns every device allocation of the backend (weights, state, buffers); freed in the destructor.
+class DevHeap {
+ public:
+  ~DevHeap() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    DSV4_CU(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    ptrs_.push_back(p);
+    return p;
+  }
+  template <typename T>
+  T* upload(const T* host, size_t count) {
+    T* p = static_cast<T*>(alloc(count * sizeof(T)));
+    DSV4_CU(cudaMemcpy(p, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+  }
+  float* upload_f32(const TensorView* t) {
+    if (!t) return nullptr;
+    std::vector<float> v(static_cast<size_t>(t->numel()));
+    tensor_to_f32(*t, v.data());
+    return upload(v.data(), v.size());
+  }
+  DevLinear linear(const LinearRef& r) {
+    DevLinear l = cuda::upload_linear(r);
+    ptrs_.push_back(const_cast<void*>(l.w));
+    if (l.scale) ptrs_.push_back(const_cast<float*>(l.scale));
+    bytes_ += l.weight_bytes();
+    return l;
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+  uint64_t bytes_ = 0;
+};
+
+struct DevHc {
+  float *fn = nullptr, *base = nullptr, *scale = nullptr;
+};
+struct DevComp {
+  int ratio = 0;
+  int64_t width = 0;
+  bool overlap = false;
+  DevLinear wkv, wgate;
+  float *ape = nullptr, *norm = nullptr;
+};
+struct DevLayer {
+  AttnKind kind = AttnKind::SWA;
+  int ratio = 0;
+  bool hash = false;
+  float* inv_freq = nullptr;
+  DevHc hc_attn, hc_ffn;
+  float *attn_norm = nullptr, *ffn_norm = nullptr, *sink = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
+  DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  bool has_comp = false, has_idx = false;
+  DevComp comp, icomp;
+  DevLinear idx_wq_b, idx_wproj;
+  DevLinear gate;
+  float* gate_bias = nullptr;
+  int32_t* tid2eid = nullptr;
+  cuda::DevExpert* table = nullptr;  // device [E]
+  WeightFormat efmt = WeightFormat::MXFP4;
+  int64_t esb1 = 0, esb2 = 0;
+  bool has_shared = false;
+  DevLinear sw1, sw2, sw3;
+};
+
+struct DevLayerState {
+  float* ring = nullptr;
+  float *comp = nullptr, *cK = nullptr, *cZ = nullptr;
+  float *idx = nullptr, *iK = nullptr, *iZ = nullptr;
+  int64_t cap = 0, n_comp = 0, n_idx = 0;  // entry counts, mirrored on the host (deterministic from positions)
+  int64_t comp_state = 0, idx_state = 0;   // floats in cK/cZ and iK/iZ
+};
+
+class CudaSequence final : public SequenceState {
+ public:
+  CudaSequence(const ModelConfig& c, const std::vector<DevLayer>& layers, int64_t max_ctx, cudaStream_t s)
+      : c_(c), max_ctx_(max_ctx), s_(s) {
+    for (const DevLayer& L : layers) {
+      DevLayerState st;
+      st.ring = static_cast<float*>(heap_.alloc(static_cast<size_t>(c.window * c.head_dim) * 4));
+      if (L.has_comp) {
+        st.cap = max_ctx / L.ratio + 1;
+        st.comp = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.cap * c.head_dim) * 4));
+        const int64_t coff = L.comp.overlap ? 2 : 1;
+        st.comp_state = coff * L.ratio * coff * L.comp.width;
+        st.cK = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.comp_state) * 4));
+        st.cZ = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.comp_state) * 4));
+      }
+      if (L.has_idx) {
+        st.idx = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.cap * c.index_head_dim) * 4));
+        const int64_t coff = L.icomp.overlap ? 2 : 1;
+        st.idx_state = coff * L.ratio * coff * L.icomp.width;
+        st.iK = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.idx_state) * 4));
+        st.iZ = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.idx_state) * 4));
+      }
+      layers_.push_back(st);
+    }
+    reset();
+  }
+  int64_t max_context() const override { return max_ctx_; }
+  void reset() override {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (auto& st : layers_) {
+      DSV4_CU(cudaMemsetAsync(st.ring, 0, static_cast<size_t>(c_.window * c_.head_dim) * 4, s_));
+      st.n_comp = st.n_idx = 0;
+      if (st.cK) {
+        cuda::fill_f32(st.cK, st.comp_state, 0.0f, s_);
+        cuda::fill_f32(st.cZ, st.comp_state, ninf, s_);
+      }
+      if (st.iK) {
+        cuda::fill_f32(st.iK, st.idx_state, 0.0f, s_);
+        cuda::fill_f32(st.iZ, st.idx_state, ninf, s_);
+      }
+    }
+    DSV4_CU(cudaStreamSynchronize(s_));
+  }
+  std::vector<DevLayerState> layers_;
+
+ private:
+  ModelConfig c_;
+  int64_t max_ctx_;
+  cudaStream_t s_;
+  DevHeap heap_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      fail("the CUDA backend needs a GPU: ", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device visible");
+    DSV4_CU(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
+    DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
+  }
+  ~CudaBackend() override {
+    for (auto& b : scratch_) cudaFree(b.first);
+    for (auto& b : iscratch_) cudaFree(b.first);
+    if (s_) cudaStreamDestroy(s_);
+  }
+  const char* name() const override { return "cuda"; }
+
+  void load(const ModelConfig& c, const ModelWeights& w, Numerics numerics) override {
+    c_ = c;
+    official_ = numerics == Numerics::Official;
+    const ckpt::TensorView& et = *w.embed;
+    switch (et.dtype()) {
+      case ckpt::DType::F32: embed_dtype_ = 0; break;
+      case ckpt::DType::BF16: embed_dtype_ = 1; break;
+      case ckpt::DType::F16: embed_dtype_ = 2; break;
+      default: fail(*et.file, ": embedding '", et.name(), "' has dtype ", ckpt::dtype_name(et.dtype()), ", expected BF16/F16/F32");
+    }
+    embed_ = heap_.upload(et.data, et.nbytes());
+    head_ = heap_.linear(w.head);
+    norm_ = heap_.upload_f32(w.norm);
+    hc_head_ = hc(w.hc_head);
+    for (const LayerWeights& lw : w.layers) layers_.push_back(load_layer(lw));
+  }
+
+  std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override {
+    if (max_context <= 0) fail("max context must be positive");
+    return std::make_unique<CudaSequence>(c_, layers_, max_context, s_);
+  }
+
+  float* alloc_f32(size_t n) override {
+    float* p = static_cast<float*>(heap_.alloc(n * 4));
+    DSV4_CU(cudaMemset(p, 0, n * 4));
+    return p;
+  }
+  int32_t* alloc_i32(size_t n) override {
+    int32_t* p = static_cast<int32_t*>(heap_.alloc(n * 4));
+    DSV4_CU(cudaMemset(p, 0, n * 4));
+    return p;
+  }
+  void upload_i32(int32_t* dst, const int32_t* src, size_t n) override {
+    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, s_));
+    DSV4_CU(cudaStreamSynchronize(s_));  // src is pageable caller memory that may change after we return
+  }
+  void download_f32(float* dst, const float* src, size_t n) override {
+    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, s_));
+    synchronize();
+  }
+  void download_i32(int32_t* dst, const int32_t* src, size_t n) override {
+    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, s_));
+    synchronize();
+  }
+  void synchronize() override {
+    DSV4_CU(cudaStreamSynchronize(s_));
+    int e = 0;
+    DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
+    if (e) {
+      DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
+      fail("CUDA backend: a kernel reported invalid input (code ", e,
+           e & 1 ? ": the indexer selected a compressed entry that is not visible" : "", ")");
+    }
+  }
+
+  void embed(const int32_t* ids, int n, float* X) override {
+    cuda::embed(embed_, embed_dtype_, c_.hidden, ids, n, c_.hc_mult, X, s_);
+  }
+
+  void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevHc& h = site == HcSite::Attn ? L.hc_attn : L.hc_ffn;
+    cuda::HcPreArgs a;
+    a.X = X, a.n = n, a.hc = c_.hc_mult, a.d = c_.hidden;
+    a.fn = h.fn, a.base = h.base, a.scale = h.scale;
+    a.norm_w = site == HcSite::Attn ? L.attn_norm : L.ffn_norm;
+    a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps;
+    a.sinkhorn_iters = c_.hc_sinkhorn_iters, a.official = official_;
+    a.x = x, a.post = post, a.comb = comb;
+    cuda::hc_pre(a, s_);
+  }
+
+  void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
+    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_);
+  }
+
+  void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
+    const int H = c_.n_heads;
+    float* tmp = scratch(0, static_cast<size_t>(n) * std::max(ql, D));
+    lin(L.wq_a, x, n, tmp);
+    cuda::NormRopeArgs a;
+    a.x = tmp, a.y = qr, a.rows = n, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps, a.official = official_;
+    cuda::norm_rope(a, s_);
+    lin(L.wq_b, qr, n, q);
+    cuda::NormRopeArgs b;
+    b.x = q, b.y = q, b.rows = n * H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
+    b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_;
+    cuda::norm_rope(b, s_);
+    lin(L.wkv, x, n, tmp);
+    cuda::NormRopeArgs k = b;
+    k.x = tmp, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
+    cuda::norm_rope(k, s_);
+  }
+
+  void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
+                       SequenceState& sst) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    const bool main = which == CompressorKind::Main;
+    const DevComp& C = main ? L.comp : L.icomp;
+    if (!(main ? L.has_comp : L.has_idx)) fail("layer ", layer, " has no ", main ? "compressor" : "indexer");
+    const int m = C.ratio;
+    const int64_t W = (C.overlap ? 2 : 1) * C.width;
+    float* K = scratch(1, static_cast<size_t>(n * W));
+    float* Z = scratch(2, static_cast<size_t>(n * W));
+    plain(C.wkv, x, n, K);
+    plain(C.wgate, x, n, Z);
+    int64_t& count = main ? S.n_comp : S.n_idx;
+    const int64_t emitted = (pos0 + n) / m - pos0 / m;
+    if (count + emitted > S.cap)
+      fail("compressed cache of layer ", layer, " is full (max context ", sst.max_context(), ")");
+    cuda::CompressorArgs a;
+    a.K = K, a.Z = Z, a.n = n, a.pos0 = pos0, a.ratio = m, a.width = C.width, a.overlap = C.overlap;
+    a.ape = C.ape, a.norm_w = C.norm, a.eps = c_.rms_eps, a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq;
+    a.official = official_, a.main = main;
+    a.sK = main ? S.cK : S.iK, a.sZ = main ? S.cZ : S.iZ, a.cache = main ? S.comp : S.idx, a.count0 = count;
+    cuda::compressor(a, s_);
+    count += emitted;
+  }
+
+  void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
+                    int32_t* topk) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    const int Hi = c_.index_n_heads, K = c_.index_topk, m = L.ratio;
+    const int64_t Di = c_.index_head_dim;
+    const int64_t visible_end = (pos0 + n) / m;
+    if (visible_end > S.n_idx)
+      fail("indexer: ", visible_end, " entries should be visible at position ", pos0 + n - 1, " but only ", S.n_idx, " exist");
+    float* qI = scratch(3, static_cast<size_t>(n) * Hi * Di);
+    float* wI = scratch(4, static_cast<size_t>(n) * Hi);
+    lin(L.idx_wq_b, qr, n, qI);
+    plain(L.idx_wproj, x, n, wI);
+    if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
+    cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_);
+    const int64_t ld = std::max<int64_t>(1, visible_end);
+    float* sc = scratch(13, static_cast<size_t>(n * ld));
+    cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_);
+    cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_);
+  }
+
+  void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
+              SequenceState& sst, float* o) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    cuda::AttendArgs a;
+    a.kind = L.kind == AttnKind::CSA ? 1 : (L.kind == AttnKind::HCA ? 2 : 0);
+    if (a.kind == 2 && (pos0 + n) / L.ratio > S.n_comp)
+      fail("attention: HCA entries missing at position ", pos0 + n - 1);
+    if (a.kind == 1 && !topk) fail("attention: CSA layer ", layer, " called without top-k");
+    a.q = q, a.kv = kv, a.ring = S.ring, a.comp = S.comp, a.topk = topk, a.sink = L.sink;
+    a.n = n, a.H = c_.n_heads, a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
+    a.D = c_.head_dim, a.pos0 = pos0, a.n_comp = S.n_comp, a.official = official_;
+    a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, pos0 + n, a.ratio);
+    a.scratch = scratch(14, static_cast<size_t>(n) * a.H * a.max_rows);
+    a.o = o, a.err = err_;
+    cuda::attend(a, s_);
+  }
+
+  void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
+    DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_);
+  }
+
+  void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const int H = c_.n_heads, G = c_.o_groups;
+    const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
+    float* u = scratch(5, static_cast<size_t>(n) * H * D);
+    cuda::NormRopeArgs a;
+    a.x = o, a.y = u, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
+    a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
+    cuda::norm_rope(a, s_);
+    float* z = scratch(6, static_cast<size_t>(n) * G * ro);
+    // Grouped wo_a: CPU applies no activation quantization here (plain dot), then BF16 rounding in official mode.
+    cuda::LinearArgs g;
+    g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
+    g.round_bf16 = official_;
+    cuda::linear(L.wo_a, g, s_);
+    lin(L.wo_b, z, n, out);
+  }
+
+  void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
+    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const int E = c_.n_routed_experts, k = c_.n_experts_per_tok;
+    const int64_t d = c_.hidden, I = c_.moe_inter;
+    float* logits = scratch(7, static_cast<size_t>(n) * E);
+    plain(L.gate, x, n, logits);
+    int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
+    float* wts = scratch(15, static_cast<size_t>(n) * k);
+    cuda::RouterArgs r;
+    r.logits = logits, r.n = n, r.E = E, r.k = k;
+    r.func = c_.scoring_func == ScoringFunc::SqrtSoftplus ? 0 : (c_.scoring_func == ScoringFunc::Sigmoid ? 1 : 2);
+    r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
+    r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
+    r.sel = sel, r.wts = wts;
+    if (!L.hash && !L.gate_bias) fail("layer ", layer, ": score routing without gate bias");
+    cuda::router(r, s_);
+    const bool lowp = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
+    const float* xq = x;
+    if (official_ && lowp) {
+      float* q = scratch(16, static_cast<size_t>(n) * d);
+      cuda::qa8_rows(x, n, d, q, s_);
+      xq = q;
+    }
+    cuda::ExpertArgs a;
+    a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
+    a.x = xq, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
+    a.official = official_;
+    a.act = scratch(17, static_cast<size_t>(n) * k * I);
+    cuda::expert_gate_up(a, s_);
+    a.act_q = a.act;
+    if (official_ && lowp) {
+      float* q = scratch(18, static_cast<size_t>(n) * k * I);
+      cuda::qa8_rows(a.act, n * k, I, q, s_);
+      a.act_q = q;
+    }
+    a.y = scratch(19, static_cast<size_t>(n) * k * d);
+    cuda::expert_down(a, s_);
+    float* ys = nullptr;
+    if (L.has_shared) {
+      const int64_t Is = L.sw1.out;
+      float* g = scratch(20, static_cast<size_t>(n) * Is);
+      float* u = scratch(21, static_cast<size_t>(n) * Is);
+      lin(L.sw1, x, n, g);
+      lin(L.sw3, x, n, u);
+      cuda::swiglu(g, u, static_cast<int64_t>(n) * Is, static_cast<float>(c_.swiglu_limit), official_, g, s_);
+      ys = scratch(22, static_cast<size_t>(n) * d);
+      lin(L.sw2, g, n, ys);
+    }
+    cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+  }
+
+  void head(const float* X, int n, float* logits) override {
+    float* h = scratch(8, static_cast<size_t>(n) * c_.hidden);
+    cuda::HcPreArgs a;
+    a.X = X, a.n = n, a.hc = c_.hc_mult, a.d = c_.hidden;
+    a.fn = hc_head_.fn, a.base = hc_head_.base, a.scale = hc_head_.scale, a.norm_w = norm_;
+    a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps, a.official = official_, a.x = h, a.head = true;
+    cuda::hc_pre(a, s_);
+    plain(head_, h, n, logits);
+  }
+
+ private:
+  DevHc hc(const HcWeights& h) { return DevHc{heap_.upload_f32(h.fn), heap_.upload_f32(h.base), heap_.upload_f32(h.scale)}; }
+
+  DevComp comp(const CompressorWeights& c) {
+    DevComp d;
+    d.ratio = c.ratio, d.width = c.width, d.overlap = c.overlap;
+    d.wkv = heap_.linear(c.wkv), d.wgate = heap_.linear(c.wgate);
+    d.ape = heap_.upload_f32(c.ape), d.norm = heap_.upload_f32(c.norm);
+    return d;
+  }
+
+  DevLayer load_layer(const LayerWeights& lw) {
+    DevLayer L;
+    L.kind = lw.kind;
+    L.ratio = c_.ratio(lw.index);
+    L.hash = lw.hash;
+    std::vector<float> inv = rope_inv_freq(c_, rope_profile_for(c_, lw.index));
+    L.inv_freq = heap_.upload(inv.data(), inv.size());
+    L.hc_attn = hc(lw.hc_attn);
+    L.hc_ffn = hc(lw.hc_ffn);
+    L.attn_norm = heap_.upload_f32(lw.attn_norm);
+    L.ffn_norm = heap_.upload_f32(lw.ffn_norm);
+    L.sink = heap_.upload_f32(lw.attn_sink);
+    L.q_norm = heap_.upload_f32(lw.q_norm);
+    L.kv_norm = heap_.upload_f32(lw.kv_norm);
+    L.wq_a = heap_.linear(lw.wq_a);
+    L.wq_b = heap_.linear(lw.wq_b);
+    L.wkv = heap_.linear(lw.wkv);
+    L.wo_a = heap_.linear(lw.wo_a);
+    L.wo_b = heap_.linear(lw.wo_b);
+    if (lw.compressor) {
+      L.has_comp = true;
+      L.comp = comp(*lw.compressor);
+    }
+    if (lw.indexer) {
+      L.has_idx = true;
+      L.icomp = comp(lw.indexer->comp);
+      L.idx_wq_b = heap_.linear(lw.indexer->wq_b);
+      L.idx_wproj = heap_.linear(lw.indexer->weights_proj);
+    }
+    L.gate = heap_.linear(lw.gate);
+    if (lw.gate_bias) L.gate_bias = heap_.upload_f32(lw.gate_bias);
+    if (lw.tid2eid) {
+      const TensorView& t = *lw.tid2eid;
+      std::vector<int32_t> ids(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        int64_t v;
+        if (t.dtype() == ckpt::DType::I64) std::memcpy(&v, t.data + 8 * i, 8);
+        else {
+          int32_t v32;
+          std::memcpy(&v32, t.data + 4 * i, 4);
+          v = v32;
+        }
+        if (v < 0 || v >= c_.n_routed_experts)
+          fail(*t.file, ": tensor '", t.name(), "' holds expert id ", v, " outside [0, ", c_.n_routed_experts, ")");
+        ids[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+      }
+      L.tid2eid = heap_.upload(ids.data(), ids.size());
+    }
+    if (lw.hash && !L.tid2eid) fail("layer ", lw.index, " is hash-routed but has no tid2eid");
+    std::vector<cuda::DevExpert> table;
+    for (size_t e = 0; e < lw.experts.size(); ++e) {
+      const ExpertWeights& ew = lw.experts[e];
+      DevLinear w1 = heap_.linear(ew.w1), w2 = heap_.linear(ew.w2), w3 = heap_.linear(ew.w3);
+      if (e == 0) {
+        L.efmt = w1.fmt, L.esb1 = w1.sb_cols, L.esb2 = w2.sb_cols;
+        if (w1.out != c_.moe_inter || w1.in != c_.hidden || w2.out != c_.hidden || w2.in != c_.moe_inter)
+          fail("layer ", lw.index, ": routed expert shapes do not match moe_intermediate_size/hidden");
+      }
+      if (w1.fmt != L.efmt || w2.fmt != L.efmt || w3.fmt != L.efmt || w1.sb_cols != L.esb1 || w3.sb_cols != L.esb1 ||
+          w2.sb_cols != L.esb2)
+        fail("layer ", lw.index, ": routed experts mix storage formats (expert ", e, " is ", weight_format_name(w1.fmt),
+             "); the CUDA expert kernel needs one format per layer");
+      table.push_back(cuda::DevExpert{w1.w, w3.w, w2.w, w1.scale, w3.scale, w2.scale});
+    }
+    if (static_cast<int>(table.size()) != c_.n_routed_experts)
+      fail("layer ", lw.index, ": ", table.size(), " routed experts loaded, config says ", c_.n_routed_experts);
+    L.table = heap_.upload(table.data(), table.size());
+    if (lw.shared) {
+      L.has_shared = true;
+      L.sw1 = heap_.linear(lw.shared->w1);
+      L.sw2 = heap_.linear(lw.shared->w2);
+      L.sw3 = heap_.linear(lw.shared->w3);
+    }
+    return L;
+  }
+
+  // y = x . W^T as the CPU's linear(): QA8 activations for FP8/FP4 weights and BF16 outputs in official numerics.
+  void lin(const DevLinear& W, const float* x, int n, float* y) {
+    const float* xin = x;
+    if (official_ && W.low_precision()) {
+      float* q = scratch(12, static_cast<size_t>(n) * W.in);
+      cuda::qa8_rows(x, n, W.in, q, s_);
+      xin = q;
+    }
+    cuda::LinearArgs a;
+    a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_;
+    cuda::linear(W, a, s_);
+  }
+  // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites).
+  void plain(const DevLinear& W, const float* x, int n, float* y) {
+    cuda::LinearArgs a;
+    a.x = x, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out;
+    cuda::linear(W, a, s_);
+  }
+
+  // Scratch buffers keyed by slot: grow (cudaFree + cudaMalloc) to the largest size seen, then reused.
+  float* scratch(int slot, size_t n) { return static_cast<float*>(grow(scratch_, slot, n * 4)); }
+  int32_t* iscratch(int slot, size_t n) { return static_cast<int32_t*>(grow(iscratch_, slot, n * 4)); }
+  void* grow(std::vector<std::pair<void*, size_t>>& v, int slot, size_t bytes) {
+    if (v.size() <= static_cast<size_t>(slot)) v.resize(static_cast<size_t>(slot) + 1, {nullptr, 0});
+    auto& b = v[static_cast<size_t>(slot)];
+    if (b.second < bytes) {
+      if (b.first) {
+        DSV4_CU(cudaStreamSynchronize(s_));
+        DSV4_CU(cudaFree(b.first));
+      }
+      b.first = nullptr;
+      DSV4_CU(cudaMalloc(&b.first, std::max<size_t>(bytes, 16)));
+      b.second = bytes;
+    }
+    return b.first;
+  }
+
+  ModelConfig c_;
+  bool official_ = false;
+  cudaStream_t s_ = nullptr;
+  DevHeap heap_;
+  int* err_ = nullptr;
+  const void* embed_ = nullptr;
+  int embed_dtype_ = 1;
+  DevLinear head_;
+  float* norm_ = nullptr;
+  DevHc hc_head_;
+  std::vector<DevLayer> layers_;
+  std::vector<std::pair<void*, size_t>> scratch_, iscratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace dsv4

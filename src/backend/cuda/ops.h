@@ -1,0 +1,217 @@
+#pragma once
+// The CUDA kernels of the DeepSeek-V4 backend, as host-callable launchers on device pointers. The Backend
+// (cuda_backend.cu) composes them; tests/cuda compares each one with the CPU reference math at real V4-Flash shapes,
+// and `dsv4 bench-ops` times them. Every launcher is asynchronous on `s` and checks the launch (dsv4::Error on
+// failure). Semantics follow backend/cpu/cpu_backend.cpp op by op; "official" flags switch on the quantization
+// simulation points of MODEL.md §4 exactly where the CPU reference applies them.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "checkpoint/linear.h"
+
+namespace dsv4::cuda {
+
+// Throws dsv4::Error("CUDA error ... (what)") when e != cudaSuccess.
+void check(cudaError_t e, const char* what, const char* file, int line);
+#define DSV4_CU(call) ::dsv4::cuda::check((call), #call, __FILE__, __LINE__)
+
+// A linear weight on the device in its STORED format. Scales are widened to fp32 once at upload (cuBLASLt needs fp32
+// scales too, and the product decode(w) * scale is then the same fp32 multiply the CPU dequantizer does).
+struct DevLinear {
+  WeightFormat fmt = WeightFormat::F32;
+  int64_t out = 0, in = 0;
+  const void* w = nullptr;      // E4M3 bytes [out, in] | packed E2M1 [out, in/2] | BF16/F16/F32 [out, in]
+  const float* scale = nullptr;  // FP8: [ceil(out/128), sb_cols]; MXFP4/NVFP4: [out, in/block] (NVFP4: x weight_scale_2)
+  int64_t sb_cols = 0;          // FP8: scale columns (ceil(in/128)); FP4: blocks per row
+  bool low_precision() const {
+    return fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32 || fmt == WeightFormat::MXFP4 ||
+           fmt == WeightFormat::NVFP4;
+  }
+  uint64_t weight_bytes() const;  // stored weight + fp32 scales as held on the device
+};
+
+// Uploads a checkpoint linear (weight bytes as stored; scales widened to fp32 and validated: NaN/inf scale -> Error).
+// The returned pointers are owned by the caller (free with free_linear).
+DevLinear upload_linear(const LinearRef& r);
+void free_linear(DevLinear& l);
+
+// y[t, r] (+ row stride ldy) = x[t, :] . W[r, :] for t < n.
+// Grouped mode (group_rows > 0): row r reads x + (r / group_rows) * group_x_off (the grouped wo_a).
+// round_bf16: BF16 RNE of every output (official numerics' linear outputs).
+struct LinearArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int n = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t group_rows = 0;
+  int64_t group_x_off = 0;
+  bool round_bf16 = false;
+};
+void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
+
+// QA8 (official): out[t, :] = fp8_sim(x[t, :]) with 1x128 UE8M0 blocks (a shorter last block follows the same rule).
+void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s);
+// BF16 RNE in place.
+void round_bf16(float* x, int64_t n, cudaStream_t s);
+void fill_f32(float* x, int64_t n, float v, cudaStream_t s);
+
+// Per-row post-processing of projections (q_norm, q heads, kv): rows of `len` at stride ld (in place or out):
+//   y = rms(x) * w (w may be null); [official] bf16; rope(last R dims, position pos0 + row / rows_per_token,
+//   inverse if requested); [official] bf16 of the rope dims; [official && sim8_block] SIM8 of the nope dims.
+struct NormRopeArgs {
+  const float* x = nullptr;
+  float* y = nullptr;
+  int rows = 0;
+  int rows_per_token = 1;
+  int64_t len = 0;
+  const float* w = nullptr;  // norm weight, or null: no norm at all when do_norm is false
+  bool do_norm = true;
+  double eps = 1e-6;
+  int64_t rope_dim = 0;      // 0 = no rope
+  const float* inv_freq = nullptr;
+  int64_t pos0 = 0;
+  bool inverse = false;
+  bool official = false;
+  int sim8_block = 0;        // 64 for the window KV in official numerics
+};
+void norm_rope(const NormRopeArgs& a, cudaStream_t s);
+
+// X[t, s, :] = embed[ids[t], :] for every stream s. dtype: 0 f32, 1 bf16, 2 f16.
+void embed(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X, cudaStream_t s);
+
+// mHC pre (collapse + RMSNorm) for n tokens. fn [mix, hc*d], base [mix], scale [3].
+struct HcPreArgs {
+  const float* X = nullptr;
+  int n = 0;
+  int hc = 4;
+  int64_t d = 0;
+  const float* fn = nullptr;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  const float* norm_w = nullptr;
+  float hc_eps = 1e-6f;
+  double rms_eps = 1e-6;
+  int sinkhorn_iters = 20;
+  bool official = false;
+  float* x = nullptr;     // [n, d]
+  float* post = nullptr;  // [n, hc]
+  float* comb = nullptr;  // [n, hc, hc]
+  bool head = false;      // hc_head mode: fn [hc, hc*d], pre only, rms with norm_w (no post/comb)
+};
+void hc_pre(const HcPreArgs& a, cudaStream_t s);
+// X[t, k, :] = post[t, k] * y[t, :] + sum_i comb[t, i, k] * X[t, i, :]  ([official] bf16).
+void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
+             cudaStream_t s);
+
+// Compressor step over a chunk whose projections K, Z [n, coff*c] are precomputed. State sK/sZ [coff*m, coff*c],
+// cache rows appended from index `count0`. Emits the entries of windows completed in [pos0, pos0 + n).
+struct CompressorArgs {
+  const float* K = nullptr;
+  const float* Z = nullptr;
+  int n = 0;
+  int64_t pos0 = 0;
+  int ratio = 0;
+  int64_t width = 0;
+  bool overlap = false;
+  const float* ape = nullptr;
+  const float* norm_w = nullptr;
+  double eps = 1e-6;
+  int64_t rope_dim = 0;
+  const float* inv_freq = nullptr;
+  bool official = false;
+  bool main = true;  // main: SIM8 of the nope dims; indexer: Hadamard + SIM4
+  float* sK = nullptr;
+  float* sZ = nullptr;
+  float* cache = nullptr;
+  int64_t count0 = 0;
+};
+void compressor(const CompressorArgs& a, cudaStream_t s);
+
+// Indexer queries in place: q [n, Hi, Di]: rope (last R dims, position pos0 + t); [official] bf16, Hadamard, bf16, SIM4.
+void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
+                    bool official, cudaStream_t s);
+// scores[t, w] = sum_h relu(q_th . k_w) * qscale * (wts[t, h] * wscale) ([official] bf16) for w < (pos0+t+1)/ratio,
+// -inf beyond; row stride ld_scores. Then topk[t, :] = indices of the k largest (ties: lower index), -1 padding.
+void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
+                    int ratio, int64_t n_keys, bool official, float* scores, int64_t ld_scores, cudaStream_t s);
+void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
+               cudaStream_t s);
+
+// Sparse attention with sink. Rows per query t = pos0 + i: window positions max(0, t-W+1)..t (this chunk's kv for
+// positions >= pos0, else ring[p % W]), then compressed rows: kind 1 (CSA) topk[i, :] (skipping -1), kind 2 (HCA)
+// entries 0..(t+1)/ratio-1. scratch: n*H*max_rows floats. err: device flag (bit 1 = invisible entry selected).
+struct AttendArgs {
+  const float* q = nullptr;
+  const float* kv = nullptr;
+  const float* ring = nullptr;
+  const float* comp = nullptr;
+  const int32_t* topk = nullptr;
+  const float* sink = nullptr;
+  int n = 0, H = 0, window = 0, topk_k = 0, ratio = 0, kind = 0;
+  int64_t D = 0, pos0 = 0, n_comp = 0;
+  bool official = false;
+  float* scratch = nullptr;
+  int64_t max_rows = 0;
+  float* o = nullptr;
+  int* err = nullptr;
+};
+void attend(const AttendArgs& a, cudaStream_t s);
+int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio);
+
+// ring[(pos0 + i) % W] = kv[i] for the last min(n, W) rows.
+void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s);
+
+// Router: logits [n, E] -> sel [n, k], wts [n, k]. func: 0 sqrtsoftplus, 1 sigmoid, 2 softmax. Hash layers
+// (tid2eid != null) take sel from tid2eid[ids[t]]; otherwise top-k of score + bias (ties: lower index).
+struct RouterArgs {
+  const float* logits = nullptr;
+  int n = 0, E = 0, k = 0, func = 0;
+  const float* bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  const int32_t* ids = nullptr;
+  bool norm_topk = true;
+  float scaling = 1.0f;
+  int32_t* sel = nullptr;
+  float* wts = nullptr;
+};
+void router(const RouterArgs& a, cudaStream_t s);
+
+// Routed experts on the device: table[e] holds expert e's w1/w3/w2 (all in the same format).
+struct DevExpert {
+  const void* w1 = nullptr;
+  const void* w3 = nullptr;
+  const void* w2 = nullptr;
+  const float* s1 = nullptr;
+  const float* s3 = nullptr;
+  const float* s2 = nullptr;
+};
+struct ExpertArgs {
+  const DevExpert* table = nullptr;  // device array [E]
+  WeightFormat fmt = WeightFormat::MXFP4;
+  int64_t d = 0, I = 0, sb1 = 0, sb2 = 0;  // sb: scale columns/blocks per row of w1|w3 and w2
+  const float* x = nullptr;                // [n, d] (QA8-quantized by the caller in official numerics)
+  int n = 0, k = 0;
+  const int32_t* sel = nullptr;
+  const float* wts = nullptr;              // null: weight 1 (the shared expert via gate_up_act)
+  float limit = 0.0f;
+  bool official = false;
+  float* act = nullptr;                    // [n, k, I]
+  const float* act_q = nullptr;            // [n, k, I] act after QA8 (official) or act itself
+  float* y = nullptr;                      // [n, k, d]
+};
+// act[t, j, :] = silu(min(w1 x, lim)) * clamp(w3 x, ±lim) * wgt ([official] bf16 on w1x, w3x and act). Fused SwiGLU.
+void expert_gate_up(const ExpertArgs& a, cudaStream_t s);
+// y[t, j, :] = w2 act_q[t, j, :] ([official] bf16).
+void expert_down(const ExpertArgs& a, cudaStream_t s);
+// SwiGLU for the shared expert computed by two plain linears: act = silu(min(g, lim)) * clamp(u, ±lim) [bf16].
+void swiglu(const float* g, const float* u, int64_t count, float limit, bool official, float* act, cudaStream_t s);
+// out[t, :] = sum_j y[t, j, :] (+ ys[t, :]) in double, [official] bf16.
+void moe_reduce(const float* y, const float* ys, int n, int k, int64_t d, bool official, float* out, cudaStream_t s);
+
+// Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).
+void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s);
+
+}  // namespace dsv4::cuda

@@ -479,11 +479,103 @@ def hf_cache_check(model, ids, logits, chunk):
         return {"chunk": chunk, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
+@torch.no_grad()
+def sensitivity(model, ids, logits, oc):
+    """How much the golden moves under plausible engine bugs (max|dlogit| / max|logit|). Every entry must be
+    far above the acceptance tolerance 1e-4, otherwise the fixture could not catch that bug."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdl
+
+    scale = float(logits.abs().max())
+    res = {}
+
+    def run(name, mutate):
+        m = copy.deepcopy(model)
+        if mutate(m) is False:
+            return
+        res[name] = float((common.full_forward(m, ids) - logits).abs().max()) / scale
+
+    def no_yarn(m):
+        R = oc["qk_rope_head_dim"]
+        plain = 1.0 / (oc["compress_rope_theta"] ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+        for mod in m.modules():
+            if isinstance(mod, mdl.DeepseekV4RotaryEmbedding):
+                mod.compress_inv_freq.copy_(plain)
+
+    def main_rope_everywhere(m):
+        for mod in m.modules():
+            if isinstance(mod, mdl.DeepseekV4RotaryEmbedding):
+                mod.compress_inv_freq.copy_(mod.main_inv_freq)
+
+    def no_sink(m):
+        for mod in m.modules():
+            if isinstance(mod, mdl.DeepseekV4Attention):
+                mod.sinks.fill_(-1e30)
+
+    def no_clamp(m):
+        for mod in m.modules():
+            if isinstance(mod, (mdl.DeepseekV4Experts, mdl.DeepseekV4MLP)):
+                mod.limit = float("inf")
+
+    def window_minus_1(m):
+        m.config.sliding_window = oc["sliding_window"] - 1
+
+    def topk_plus_1(m):
+        found = False
+        for mod in m.modules():
+            if isinstance(mod, mdl.DeepseekV4Indexer):
+                mod.index_topk += 1
+                found = True
+        return found
+
+    def no_router_bias(m):
+        found = False
+        for mod in m.modules():
+            if isinstance(mod, mdl.DeepseekV4TopKRouter):
+                mod.e_score_correction_bias.zero_()
+                found = True
+        return found
+
+    def no_position_bias(m):
+        found = False
+        for n, p in m.named_parameters():
+            if n.endswith("position_bias"):
+                p.zero_()
+                found = True
+        return found
+
+    for name, fn in [("yarn_off_on_compressed_layers", no_yarn), ("main_rope_on_compressed_layers",
+                     main_rope_everywhere), ("sinks_removed", no_sink), ("swiglu_clamp_removed", no_clamp),
+                     ("sliding_window_minus_1", window_minus_1), ("index_topk_plus_1", topk_plus_1),
+                     ("router_bias_ignored", no_router_bias), ("compressor_ape_ignored", no_position_bias)]:
+        run(name, fn)
+    return res
+
+
 def fp32_vs_fp64(model, ids, logits):
     m32 = copy.deepcopy(model).float()
     with torch.no_grad():
         l32 = m32(input_ids=ids[None], use_cache=False).logits[0].double()
     return float((l32 - logits).abs().max())
+
+
+FORMATS = {
+    "bf16": {"dense_linears": "BF16", "routed_experts": "BF16", "mtp_routed_experts": "BF16"},
+    "fp8": {"dense_linears": "F8_E4M3 + .scale F8_E8M0 [ceil(out/128), ceil(in/128)]",
+            "routed_experts": "I8 [out, in/2] packed E2M1 (low nibble = even k) + .scale F8_E8M0 [out, in/32]",
+            "mtp_routed_experts": "same as routed_experts"},
+    "base": {"dense_linears": "F8_E4M3 + .scale F32 [ceil(out/128), ceil(in/128)]",
+             "routed_experts": "F8_E4M3 + .scale F32 [ceil(out/128), ceil(in/128)]",
+             "mtp_routed_experts": "same as routed_experts"},
+    "nvfp4": {"dense_linears": "F8_E4M3 + .scale F8_E8M0 [ceil(out/128), ceil(in/128)]",
+              "routed_experts": "ModelOpt NVFP4: .weight U8 [out, in/2] (low nibble = even k), .weight_scale "
+                                "F8_E4M3 [out, in/16], .weight_scale_2 F32 [], .input_scale F32 []",
+              "mtp_routed_experts": "I8 [out, in/2] E2M1 + .scale F8_E8M0 [out, in/32] (MXFP4, as the fp8 case)"},
+    "hf": {"all": "HF save_pretrained: BF16 weights, F32 hc_*/sinks/position_bias/gate bias, I64 tid2eid; "
+                  "routed experts split per expert (w1/w2/w3) by HF's reverse conversion mapping"},
+}
+COMMON_FORMATS = ("dense_linears = wq_a, wq_b, wkv, wo_a, wo_b, indexer.wq_b, shared_experts.w1/w2/w3, "
+                  "mtp e_proj/h_proj; always BF16: embed, head, norms, compressor wkv/wgate, weights_proj, "
+                  "gate.weight; F32: hc_*, attn_sink, ape, gate.bias; I64: tid2eid")
 
 
 def write_common(outdir, name, case, seed, ids, logits, probe, oc, extra):
@@ -498,6 +590,9 @@ def write_common(outdir, name, case, seed, ids, logits, probe, oc, extra):
         "vocab_size": oc["vocab_size"],
         "layout": "hf" if case["fmt"] == "hf" else "official",
         "format": case["fmt"],
+        "formats": dict(FORMATS[case["fmt"]], note=COMMON_FORMATS),
+        "oracle": "transformers DeepseekV4ForCausalLM, eager attention + eager experts, model.double(), "
+                  "one full forward with use_cache=False (see tools/oracle/HF_SEMANTICS.md)",
         "schedule": {"compress_ratios": oc["compress_ratios"], "num_hash_layers": oc["num_hash_layers"]},
         "files": extra.pop("files"),
         "ids": "ids.bin: int32 little-endian [T]",
@@ -604,6 +699,9 @@ def make_case(name, case, outroot, extra_checks=True, diagnostics=False):
         assert extra["causality"]["max_abs_diff"] < 1e-5 * float(logits.abs().max()), \
             f"HF full forward is NOT causal: {extra['causality']}"
         extra["fp32_oracle_vs_fp64_max_abs_diff"] = fp32_vs_fp64(model, ids, logits)
+        extra["sensitivity_rel"] = sensitivity(model, ids, logits, oc)
+        weak = {k: v for k, v in extra["sensitivity_rel"].items() if v < 1e-3}
+        assert not weak, f"{name}: fixture barely reacts to {weak}"
     if diagnostics:
         extra["hf_cached_forward_diagnostic"] = [hf_cache_check(model, ids, logits, c) for c in (1, 7)]
     meta = write_common(outdir, name, case, seed, ids, logits, probe, oc, extra)

@@ -31,10 +31,13 @@ uint64_t expected_bytes(const std::string& name, DType dtype, const std::vector<
   return bytes;
 }
 
-void write_all(std::FILE* f, const void* p, size_t n, const std::string& path) {
+// On failure the partial temporary file is removed, so that nothing half-written is left behind.
+void write_all(std::FILE* f, const void* p, size_t n, const std::string& tmp, const std::string& path) {
   if (n != 0 && std::fwrite(p, 1, n, f) != n) {
+    const int e = errno;
     std::fclose(f);
-    fail(path, ": write failed");
+    std::remove(tmp.c_str());
+    fail(path, ": write failed: ", std::strerror(e));
   }
 }
 
@@ -87,7 +90,12 @@ void SafetensorsWriter::write_items(const std::string& path, const std::vector<c
                        {"data_offsets", {offset, offset + need}}};
     offset += need;
   }
-  std::string text = header.dump();
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception&) {  // dump() refuses strings that are not valid UTF-8
+    fail(path, ": tensor names and metadata must be valid UTF-8");
+  }
   text.append((8 - text.size() % 8) % 8, ' ');
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
@@ -96,10 +104,13 @@ void SafetensorsWriter::write_items(const std::string& path, const std::vector<c
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail(path, ": cannot open for writing: ", std::strerror(errno));
-  write_all(f, len, sizeof len, path);
-  write_all(f, text.data(), text.size(), path);
-  for (const Item* t : items) write_all(f, t->bytes.data(), t->bytes.size(), path);
-  if (std::fclose(f) != 0) fail(path, ": write failed");
+  write_all(f, len, sizeof len, tmp, path);
+  write_all(f, text.data(), text.size(), tmp, path);
+  for (const Item* t : items) write_all(f, t->bytes.data(), t->bytes.size(), tmp, path);
+  if (std::fclose(f) != 0) {
+    std::remove(tmp.c_str());
+    fail(path, ": write failed");
+  }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) fail(path, ": cannot rename from ", tmp, ": ", ec.message());

@@ -177,6 +177,12 @@ TEST(Writer, RejectsBadInput) {
     EXPECT_TRUE(ThrowsErrorWith([&] { w.write_sharded(dir.file("s"), 0); }, {"shard count"}));
     EXPECT_TRUE(ThrowsErrorWith([&] { w.write(dir.file("no/such/dir/z.safetensors")); }, {"z.safetensors"}));
   }
+  {
+    SafetensorsWriter w;
+    w.add("bad\xff", DType::U8, {0}, {});
+    EXPECT_TRUE(ThrowsErrorWith([&] { w.write(dir.file("u.safetensors")); }, {"u.safetensors", "UTF-8"}));
+    EXPECT_FALSE(std::filesystem::exists(dir.file("u.safetensors.tmp")));
+  }
 }
 
 }  // namespace

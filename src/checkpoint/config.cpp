@@ -261,7 +261,9 @@ ModelConfig load_model_config(const std::string& path) {
   try {
     return parse_model_config(j);
   } catch (const Error& e) {
-    fail(path, ": ", e.what());
+    std::string m = e.what();
+    const std::string pre = "config.json: ";
+    fail(path, ": ", m.rfind(pre, 0) == 0 ? m.substr(pre.size()) : m);
   } catch (const json::exception& e) {
     fail(path, ": ", e.what());
   }

@@ -71,24 +71,40 @@ class Resolver {
   }
   bool hf() const { return hf_; }
 
-  // Maps an official name to the checkpoint's name (identity for the official layout).
-  std::string map(const std::string& official) const {
-    if (!hf_) return official;
+  // Names a tensor may have in the checkpoint, in order of preference: the official name; "model." + official (what
+  // transformers 5.17 save_pretrained writes, where attn.kv_norm becomes attn.norm); the HF in-memory module names
+  // (MODEL.md §3.7).
+  std::vector<std::string> candidates(const std::string& official) const {
+    std::vector<std::string> c{official};
+    if (!hf_) return c;
+    c.push_back("model." + official);
+    const std::string kvn = ".attn.kv_norm.weight";
+    if (official.size() > kvn.size() && official.compare(official.size() - kvn.size(), kvn.size(), kvn) == 0)
+      c.push_back("model." + official.substr(0, official.size() - kvn.size()) + ".attn.norm.weight");
     for (const auto& g : kGlobal)
-      if (official == g.official) return g.hf;
+      if (official == g.official) c.push_back(g.hf);
     if (official.rfind("layers.", 0) == 0) {
       size_t dot = official.find('.', 7);
       std::string prefix = official.substr(0, dot + 1), leaf = official.substr(dot + 1);
       for (const auto& l : kLayerLeaves)
-        if (leaf == l.official) return "model." + prefix + l.hf;
+        if (leaf == l.official) c.push_back("model." + prefix + l.hf);
     }
-    return official;  // unknown to the map: report under its official name
+    return c;
   }
+  std::string map(const std::string& official) const { return official; }  // names in error messages
 
   const TensorView* find(const std::string& official) {
-    const TensorView* t = ck_.find(map(official));
-    if (t) used_.insert(t->name());
-    return t;
+    for (const auto& n : candidates(official)) {
+      const TensorView* t = ck_.find(n);
+      if (t) {
+        used_.insert(t->name());
+        return t;
+      }
+    }
+    return nullptr;
+  }
+  bool has_stacked_experts(int layer) const {
+    return ck_.has("model.layers." + std::to_string(layer) + ".mlp.experts.gate_up_proj");
   }
 
   // Required tensor with an exact shape and one of the allowed dtypes.
@@ -182,7 +198,6 @@ class Resolver {
     ew.w2.name = base + ".w2";
     if (!gu || !dn) {
       if (e == 0) {
-        if (!gu) missing_.push_back(p + "gate_up_proj");
         if (!dn) missing_.push_back(p + "down_proj");
       }
       return ew;
@@ -311,7 +326,7 @@ LayerWeights layer(Resolver& r, const ModelConfig& c, int li, const std::string&
   }
   lw.experts.reserve(static_cast<size_t>(c.n_routed_experts));
   for (int e = 0; e < c.n_routed_experts; ++e) {
-    if (r.hf() && !is_mtp) {
+    if (r.hf() && !is_mtp && r.has_stacked_experts(li)) {
       lw.experts.push_back(r.hf_expert(li, e));
       continue;
     }

@@ -55,8 +55,11 @@ TEST_P(GoldenCase, OfficialNumericsDifferMeasurably) {
   double rel = std::sqrt(num / den);
   std::printf("[official] %-12s rel L2 vs reference %.4g, max|diff| %.4g, top-1 agreement %zu/%zu\n",
               GetParam().c_str(), rel, max_abs_diff(off, golden), agree, T);
-  EXPECT_GT(rel, 0.0);
-  EXPECT_LT(rel, 0.2);
+  // No oracle exists for official numerics in these fixtures (HF computes the exact math), so this only bounds the
+  // quantization noise: tiny random models with 64-wide activations amplify it far more than real weights do.
+  EXPECT_GT(rel, 1e-3);
+  EXPECT_LT(rel, 0.5);
+  EXPECT_GE(agree * 2, T) << "official numerics changed the argmax of most positions";
   // And official numerics are chunking-invariant too (the quantization is per token).
   auto off7 = run_logits(m, ids, 7);
   EXPECT_LE(max_abs_diff(off7, off), 1e-4f * max_abs(off));

@@ -194,7 +194,9 @@ def check_dir(d: str) -> bool:
     got = logits.to(torch.float32).numpy()
     diff = float(np.abs(got - gold).max())
     scale = float(np.abs(gold).max())
-    ok = diff <= 1e-6 * scale
+    # Same machine: bit-identical (diff 0). Another CPU / torch build: ~1e-6 relative, because HF keeps RMSNorm,
+    # RoPE, mHC, compressor softmax and indexer scores in fp32 inside the float64 model (HF_SEMANTICS.md §7).
+    ok = diff <= 1e-5 * scale
     print(f"{'OK  ' if ok else 'FAIL'} {os.path.basename(d):12s} T={meta['T']:4d} layout={meta['layout']:8s} "
           f"format={meta['format']:6s} max|diff|={diff:.3g} (max|logit| {scale:.3g})")
     return ok

@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
+    DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
     for (auto& b : scratch_) cudaFree(b.first);
@@ -190,11 +191,13 @@ class CudaBackend final : public Backend {
   float* alloc_f32(size_t n) override {
     float* p = static_cast<float*>(heap_.alloc(n * 4));
     DSV4_CU(cudaMemset(p, 0, n * 4));
+    DSV4_CU(cudaDeviceSynchronize());  // the memset runs on the legacy stream; s_ does not wait for it
     return p;
   }
   int32_t* alloc_i32(size_t n) override {
     int32_t* p = static_cast<int32_t*>(heap_.alloc(n * 4));
     DSV4_CU(cudaMemset(p, 0, n * 4));
+    DSV4_CU(cudaDeviceSynchronize());
     return p;
   }
   void upload_i32(int32_t* dst, const int32_t* src, size_t n) override {
@@ -225,7 +228,7 @@ class CudaBackend final : public Backend {
   }
 
   void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
     const DevHc& h = site == HcSite::Attn ? L.hc_attn : L.hc_ffn;
     cuda::HcPreArgs a;
     a.X = X, a.n = n, a.hc = c_.hc_mult, a.d = c_.hidden;
@@ -242,7 +245,7 @@ class CudaBackend final : public Backend {
   }
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
     const int H = c_.n_heads;
     float* tmp = scratch(0, static_cast<size_t>(n) * std::max(ql, D));
@@ -263,8 +266,8 @@ class CudaBackend final : public Backend {
 
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                        SequenceState& sst) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
-    DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
+    DevLayerState& S = seq(sst, layer);
     const bool main = which == CompressorKind::Main;
     const DevComp& C = main ? L.comp : L.icomp;
     if (!(main ? L.has_comp : L.has_idx)) fail("layer ", layer, " has no ", main ? "compressor" : "indexer");
@@ -289,8 +292,8 @@ class CudaBackend final : public Backend {
 
   void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
                     int32_t* topk) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
-    const DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
+    const DevLayerState& S = seq(sst, layer);
     const int Hi = c_.index_n_heads, K = c_.index_topk, m = L.ratio;
     const int64_t Di = c_.index_head_dim;
     const int64_t visible_end = (pos0 + n) / m;
@@ -310,8 +313,8 @@ class CudaBackend final : public Backend {
 
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
-    const DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
+    const DevLayerState& S = seq(sst, layer);
     cuda::AttendArgs a;
     a.kind = L.kind == AttnKind::CSA ? 1 : (L.kind == AttnKind::HCA ? 2 : 0);
     if (a.kind == 2 && (pos0 + n) / L.ratio > S.n_comp)
@@ -327,12 +330,12 @@ class CudaBackend final : public Backend {
   }
 
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
-    DevLayerState& S = static_cast<CudaSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    DevLayerState& S = seq(sst, layer);
     cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_);
   }
 
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
     const int H = c_.n_heads, G = c_.o_groups;
     const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
     float* u = scratch(5, static_cast<size_t>(n) * H * D);
@@ -350,7 +353,7 @@ class CudaBackend final : public Backend {
   }
 
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
-    const DevLayer& L = layers_[static_cast<size_t>(layer)];
+    const DevLayer& L = lay(layer);
     const int E = c_.n_routed_experts, k = c_.n_experts_per_tok;
     const int64_t d = c_.hidden, I = c_.moe_inter;
     float* logits = scratch(7, static_cast<size_t>(n) * E);
@@ -411,6 +414,18 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Layer lookups with a clear error for indices the backend did not load (e.g. the MTP block, not on CUDA yet).
+  const DevLayer& lay(int layer) const {
+    if (layer < 0 || static_cast<size_t>(layer) >= layers_.size())
+      fail("CUDA backend: layer ", layer, " is not loaded (", layers_.size(), " layers; the MTP block is not implemented on CUDA yet)");
+    return layers_[static_cast<size_t>(layer)];
+  }
+  DevLayerState& seq(SequenceState& sst, int layer) const {
+    auto& v = static_cast<CudaSequence&>(sst).layers_;
+    if (layer < 0 || static_cast<size_t>(layer) >= v.size()) fail("CUDA backend: sequence state has no layer ", layer);
+    return v[static_cast<size_t>(layer)];
+  }
+
   DevHc hc(const HcWeights& h) { return DevHc{heap_.upload_f32(h.fn), heap_.upload_f32(h.base), heap_.upload_f32(h.scale)}; }
 
   DevComp comp(const CompressorWeights& c) {

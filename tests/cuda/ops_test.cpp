@@ -1,0 +1,621 @@
+// Per-kernel CUDA vs CPU at real V4-Flash shapes, on random inputs. The CPU side is the reference math of
+// backend/cpu/cpu_backend.cpp (dequantize_rows, cpu::matmul_nt/dot/rms_norm, num:: quantization simulation), written
+// out per op because the CPU backend only exposes whole-layer ops on a loaded checkpoint.
+// Tolerances (why): reference numerics = fp32 with a different summation order: rel L2 <= 1e-5 (dot products of
+// 1024-4096 terms with |x| ~ 1). Official numerics add BF16/FP8 roundings after those sums: a last-bit difference can
+// move one element by a whole BF16 step (2^-8 relative), so rel L2 <= 3e-3 and at most 1% of elements off by > 1%.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/cpu/cpu_math.h"
+#include "backend/cuda/ops.h"
+#include "checkpoint/linear.h"
+#include "numeric/codecs.h"
+#include "numeric/quant_sim.h"
+
+namespace dsv4::test {
+namespace {
+
+using std::vector;
+namespace cu = dsv4::cuda;
+
+template <typename T>
+struct DBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DBuf(size_t count) : n(count) {
+    DSV4_CU(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    DSV4_CU(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)));
+  }
+  explicit DBuf(const vector<T>& h) : DBuf(h.size()) { DSV4_CU(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  ~DBuf() { cudaFree(p); }
+  vector<T> get() const {
+    DSV4_CU(cudaDeviceSynchronize());
+    vector<T> h(n);
+    DSV4_CU(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+vector<float> randn(size_t n, std::mt19937& g, float sd = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sd);
+  vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct Stats {
+  double rel = 0;
+  double frac_off = 0;  // elements with |diff| > 1% of max(|ref|, 1e-3 * max|ref|)
+};
+Stats cmp(const vector<float>& got, const vector<float>& ref) {
+  double num = 0, den = 0, mx = 0;
+  for (float r : ref) mx = std::max(mx, static_cast<double>(std::fabs(r)));
+  size_t off = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+    if (std::fabs(d) > 0.01 * std::max(static_cast<double>(std::fabs(ref[i])), 1e-3 * mx) || !std::isfinite(got[i])) ++off;
+  }
+  return Stats{std::sqrt(num / std::max(den, 1e-30)), static_cast<double>(off) / std::max<size_t>(ref.size(), 1)};
+}
+void expect_close(const vector<float>& got, const vector<float>& ref, bool official, const char* what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const Stats s = cmp(got, ref);
+  std::printf("[op] %-34s %-9s rel L2 %.3g, off>1%% %.4f%%\n", what, official ? "official" : "reference", s.rel, 100 * s.frac_off);
+  if (official) {
+    EXPECT_LE(s.rel, 3e-3) << what;
+    EXPECT_LE(s.frac_off, 0.01) << what;
+  } else {
+    EXPECT_LE(s.rel, 1e-5) << what;
+  }
+}
+
+// A host-side synthetic checkpoint tensor, so that dequantize_rows (the CPU twin) reads the same bytes we upload.
+struct HostTensor {
+  ckpt::HeaderEntry e;
+  vector<uint8_t> bytes;
+  ckpt::TensorView v;
+  std::string file = "synthetic";
+  HostTensor(const std::string& name, ckpt::DType dt, vector<int64_t> shape, vector<uint8_t> b) : bytes(std::move(b)) {
+    e.name = name;
+    e.dtype = dt;
+    e.shape = std::move(shape);
+    e.begin = 0;
+    e.end = bytes.size();
+    v.entry = &e;
+    v.data = bytes.data();
+    v.file = &file;
+  }
+};
+
+struct HostLinear {
+  std::unique_ptr<HostTensor> w, s;
+  LinearRef ref;
+  vector<float> deq;  // [out, in] via dequantize_rows
+};
+
+uint8_t rand_e4m3(std::mt19937& g) {
+  for (;;) {
+    uint8_t b = static_cast<uint8_t>(g());
+    if ((b & 0x7F) != 0x7F) return b;
+  }
+}
+
+// FP8 E4M3 with 128x128 E8M0 scales, or MXFP4 with 1x32 E8M0 scales.
+std::unique_ptr<HostLinear> make_linear(WeightFormat fmt, int64_t out, int64_t in, std::mt19937& g) {
+  auto h = std::make_unique<HostLinear>();
+  h->ref.name = "synthetic";
+  h->ref.fmt = fmt;
+  h->ref.out = out;
+  h->ref.in = in;
+  std::uniform_int_distribution<int> sc(118, 124);
+  if (fmt == WeightFormat::FP8_E8M0) {
+    vector<uint8_t> w(static_cast<size_t>(out * in));
+    for (auto& b : w) b = rand_e4m3(g);
+    const int64_t ro = (out + 127) / 128, co = (in + 127) / 128;
+    vector<uint8_t> s(static_cast<size_t>(ro * co));
+    for (auto& b : s) b = static_cast<uint8_t>(sc(g));
+    h->w = std::make_unique<HostTensor>("w", ckpt::DType::F8_E4M3, vector<int64_t>{out, in}, std::move(w));
+    h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{ro, co}, std::move(s));
+  } else {
+    vector<uint8_t> w(static_cast<size_t>(out * in / 2));
+    for (auto& b : w) b = static_cast<uint8_t>(g());
+    vector<uint8_t> s(static_cast<size_t>(out * in / 32));
+    for (auto& b : s) b = static_cast<uint8_t>(sc(g) + 4);
+    h->w = std::make_unique<HostTensor>("w", ckpt::DType::U8, vector<int64_t>{out, in / 2}, std::move(w));
+    h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{out, in / 32}, std::move(s));
+  }
+  h->ref.weight = &h->w->v;
+  h->ref.scale = &h->s->v;
+  h->deq.resize(static_cast<size_t>(out * in));
+  dequantize_rows(h->ref, 0, out, h->deq.data());
+  return h;
+}
+
+void qa8_host(float* x, int64_t n, int64_t len) {
+  for (int64_t t = 0; t < n; ++t) {
+    float* r = x + t * len;
+    const int64_t full = len / 128 * 128;
+    if (full) num::fp8_sim(r, full, 128);
+    if (len > full) num::fp8_sim(r + full, len - full, static_cast<int>(len - full));
+  }
+}
+
+// ---- FP8 block-scaled linear (decode GEMV and small prefill), both numerics --------------------------------------
+void run_linear(int64_t out, int64_t in, int n, bool official) {
+  std::mt19937 g(static_cast<unsigned>(out * 31 + in + n));
+  auto L = make_linear(WeightFormat::FP8_E8M0, out, in, g);
+  vector<float> x = randn(static_cast<size_t>(n * in), g);
+  vector<float> xr = x;
+  if (official) qa8_host(xr.data(), n, in);
+  vector<float> ref(static_cast<size_t>(n * out));
+  cpu::matmul_nt(xr.data(), n, in, L->deq.data(), out, ref.data());
+  if (official) num::round_bf16(ref.data(), static_cast<int64_t>(ref.size()));
+  cu::DevLinear W = cu::upload_linear(L->ref);
+  DBuf<float> dx(x), dq(x.size()), dy(ref.size());
+  const float* xin = dx.p;
+  if (official) {
+    cu::qa8_rows(dx.p, n, in, dq.p, nullptr);
+    xin = dq.p;
+  }
+  cu::LinearArgs a;
+  a.x = xin, a.ldx = in, a.n = n, a.y = dy.p, a.ldy = out, a.round_bf16 = official;
+  cu::linear(W, a, nullptr);
+  expect_close(dy.get(), ref, official, ("fp8 linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
+  // QA8 itself must be bit-exact (it is a pure function of each 128-block).
+  if (official) {
+    auto q = dq.get();
+    EXPECT_EQ(0, std::memcmp(q.data(), xr.data(), q.size() * 4)) << "QA8 differs from num::fp8_sim";
+  }
+  cu::free_linear(W);
+}
+
+TEST(CudaOps, Fp8LinearWqaShape) {
+  for (bool off : {false, true}) {
+    run_linear(1024, 4096, 1, off);
+    run_linear(1024, 4096, 5, off);
+  }
+}
+TEST(CudaOps, Fp8LinearWqbShape) {
+  for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
+}
+TEST(CudaOps, Fp8LinearGroupedWoA) {
+  // wo_a: 8 groups x 1024 rows, each group reading its own 4096-slice of the 64 x 512 attention output (plain dot).
+  std::mt19937 g(5);
+  const int64_t G = 8, ro = 1024, gin = 4096;
+  auto L = make_linear(WeightFormat::FP8_E8M0, G * ro, gin, g);
+  const int n = 2;
+  vector<float> u = randn(static_cast<size_t>(n * G * gin), g);
+  vector<float> ref(static_cast<size_t>(n * G * ro));
+  for (int t = 0; t < n; ++t)
+    for (int64_t r = 0; r < G * ro; ++r)
+      ref[t * G * ro + r] = cpu::dot(u.data() + t * G * gin + (r / ro) * gin, L->deq.data() + r * gin, gin);
+  cu::DevLinear W = cu::upload_linear(L->ref);
+  DBuf<float> du(u), dz(ref.size());
+  cu::LinearArgs a;
+  a.x = du.p, a.ldx = G * gin, a.n = n, a.y = dz.p, a.ldy = G * ro, a.group_rows = ro, a.group_x_off = gin;
+  cu::linear(W, a, nullptr);
+  expect_close(dz.get(), ref, false, "grouped wo_a 8x1024x4096");
+  cu::free_linear(W);
+}
+
+// ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
+TEST(CudaOps, Mxfp4ExpertsAndRouter) {
+  std::mt19937 g(11);
+  const int E = 8, k = 6, n = 2;
+  const int64_t d = 4096, I = 2048;
+  const float lim = 10.0f;
+  vector<std::unique_ptr<HostLinear>> w1, w2, w3;
+  vector<cu::DevLinear> d1, d2, d3;
+  vector<cu::DevExpert> table;
+  for (int e = 0; e < E; ++e) {
+    w1.push_back(make_linear(WeightFormat::MXFP4, I, d, g));
+    w3.push_back(make_linear(WeightFormat::MXFP4, I, d, g));
+    w2.push_back(make_linear(WeightFormat::MXFP4, d, I, g));
+    d1.push_back(cu::upload_linear(w1.back()->ref));
+    d3.push_back(cu::upload_linear(w3.back()->ref));
+    d2.push_back(cu::upload_linear(w2.back()->ref));
+    table.push_back(cu::DevExpert{d1.back().w, d3.back().w, d2.back().w, d1.back().scale, d3.back().scale, d2.back().scale});
+  }
+  DBuf<cu::DevExpert> dtable(table);
+  vector<float> x = randn(static_cast<size_t>(n * d), g, 0.05f);
+  // Router over E experts: sqrtsoftplus + bias, top-k.
+  vector<float> logits = randn(static_cast<size_t>(n * E), g), bias = randn(E, g, 0.1f);
+  vector<int32_t> sel_ref(static_cast<size_t>(n * k));
+  vector<float> wts_ref(static_cast<size_t>(n * k));
+  for (int t = 0; t < n; ++t) {
+    vector<float> s(E);
+    for (int e = 0; e < E; ++e) {
+      float v = logits[t * E + e];
+      s[e] = std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
+    }
+    vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      float sa = s[a] + bias[a], sb = s[b] + bias[b];
+      return sa > sb || (sa == sb && a < b);
+    });
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += s[order[j]];
+    for (int j = 0; j < k; ++j) {
+      sel_ref[t * k + j] = order[j];
+      wts_ref[t * k + j] = static_cast<float>(s[order[j]] / sum) * 1.5f;
+    }
+  }
+  DBuf<float> dlog(logits), dbias(bias), dwts(static_cast<size_t>(n * k));
+  DBuf<int32_t> dsel(static_cast<size_t>(n * k));
+  cu::RouterArgs r;
+  r.logits = dlog.p, r.n = n, r.E = E, r.k = k, r.func = 0, r.bias = dbias.p, r.norm_topk = true, r.scaling = 1.5f;
+  r.sel = dsel.p, r.wts = dwts.p;
+  cu::router(r, nullptr);
+  EXPECT_EQ(dsel.get(), sel_ref) << "router selection";
+  expect_close(dwts.get(), wts_ref, false, "router weights");
+
+  for (bool official : {false, true}) {
+    // CPU twin of expert_ffn for every (token, slot), summed in double like moe().
+    vector<float> ref(static_cast<size_t>(n * d));
+    for (int t = 0; t < n; ++t) {
+      vector<float> xq(x.begin() + t * d, x.begin() + (t + 1) * d);
+      if (official) qa8_host(xq.data(), 1, d);
+      vector<double> acc(static_cast<size_t>(d), 0.0);
+      for (int j = 0; j < k; ++j) {
+        const int e = sel_ref[t * k + j];
+        vector<float> gg(I), uu(I), y(d);
+        cpu::matmul_nt(xq.data(), 1, d, w1[e]->deq.data(), I, gg.data());
+        cpu::matmul_nt(xq.data(), 1, d, w3[e]->deq.data(), I, uu.data());
+        if (official) num::round_bf16(gg.data(), I), num::round_bf16(uu.data(), I);
+        for (int64_t i = 0; i < I; ++i) {
+          float gv = std::min(gg[i], lim), uv = std::clamp(uu[i], -lim, lim);
+          gg[i] = cpu::silu(gv) * uv * wts_ref[t * k + j];
+        }
+        if (official) num::round_bf16(gg.data(), I), qa8_host(gg.data(), 1, I);
+        cpu::matmul_nt(gg.data(), 1, I, w2[e]->deq.data(), d, y.data());
+        if (official) num::round_bf16(y.data(), d);
+        for (int64_t i = 0; i < d; ++i) acc[i] += y[i];
+      }
+      for (int64_t i = 0; i < d; ++i) ref[t * d + i] = static_cast<float>(acc[i]);
+      if (official) num::round_bf16(ref.data() + t * d, d);
+    }
+    DBuf<float> dx(x), dxq(x.size()), dact(static_cast<size_t>(n * k * I)), dactq(static_cast<size_t>(n * k * I)),
+        dy(static_cast<size_t>(n * k * d)), dout(static_cast<size_t>(n * d));
+    cu::ExpertArgs a;
+    a.table = dtable.p, a.fmt = WeightFormat::MXFP4, a.d = d, a.I = I, a.sb1 = d / 32, a.sb2 = I / 32;
+    a.x = dx.p;
+    if (official) {
+      cu::qa8_rows(dx.p, n, d, dxq.p, nullptr);
+      a.x = dxq.p;
+    }
+    a.n = n, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = lim, a.official = official, a.act = dact.p;
+    cu::expert_gate_up(a, nullptr);
+    a.act_q = dact.p;
+    if (official) {
+      cu::qa8_rows(dact.p, n * k, I, dactq.p, nullptr);
+      a.act_q = dactq.p;
+    }
+    a.y = dy.p;
+    cu::expert_down(a, nullptr);
+    cu::moe_reduce(dy.p, nullptr, n, k, d, official, dout.p, nullptr);
+    expect_close(dout.get(), ref, official, "mxfp4 experts 6x(4096->2048->4096)");
+  }
+  for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
+}
+
+// ---- sparse attention with sink: 128-window + 512 top-k of 512 dims, 64 heads ------------------------------------
+TEST(CudaOps, AttentionWindowPlusTopk) {
+  std::mt19937 g(3);
+  const int H = 64, W = 128, K = 512, n = 3, ratio = 4;
+  const int64_t D = 512, pos0 = 4093, ncomp = (pos0 + n) / ratio;
+  vector<float> q = randn(static_cast<size_t>(n * H * D), g), kv = randn(static_cast<size_t>(n * D), g),
+                ring = randn(static_cast<size_t>(W * D), g), comp = randn(static_cast<size_t>(ncomp * D), g),
+                sink = randn(H, g);
+  vector<int32_t> topk(static_cast<size_t>(n * K));
+  for (int i = 0; i < n; ++i) {
+    const int64_t vis = (pos0 + i + 1) / ratio;
+    for (int j = 0; j < K; ++j) topk[i * K + j] = j % 50 == 49 ? -1 : static_cast<int32_t>((j * 7919 + i) % vis);
+  }
+  for (bool official : {false, true}) {
+    vector<float> ref(static_cast<size_t>(n * H * D), 0.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int i = 0; i < n; ++i) {
+      const int64_t t = pos0 + i;
+      vector<const float*> rows;
+      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
+        rows.push_back(p >= pos0 ? kv.data() + (p - pos0) * D : ring.data() + (p % W) * D);
+      for (int j = 0; j < K; ++j)
+        if (topk[i * K + j] >= 0) rows.push_back(comp.data() + topk[i * K + j] * D);
+      for (int h = 0; h < H; ++h) {
+        const float* qh = q.data() + (i * H + h) * D;
+        vector<float> s(rows.size());
+        float mx = sink[h];
+        for (size_t j = 0; j < rows.size(); ++j) mx = std::max(mx, s[j] = cpu::dot(qh, rows[j], D) * scale);
+        double z = std::exp(static_cast<double>(sink[h] - mx));
+        for (size_t j = 0; j < rows.size(); ++j) z += (s[j] = static_cast<float>(std::exp(static_cast<double>(s[j] - mx))));
+        float* oh = ref.data() + (i * H + h) * D;
+        for (size_t j = 0; j < rows.size(); ++j) {
+          float p = static_cast<float>(s[j] / z);
+          if (official) p = num::decode_bf16(num::encode_bf16(p));
+          for (int64_t e = 0; e < D; ++e) oh[e] += p * rows[j][e];
+        }
+        if (official) num::round_bf16(oh, D);
+      }
+    }
+    DBuf<float> dq(q), dkv(kv), dring(ring), dcomp(comp), dsink(sink), dout(ref.size());
+    DBuf<int32_t> dtopk(topk), derr(1);
+    cu::AttendArgs a;
+    a.q = dq.p, a.kv = dkv.p, a.ring = dring.p, a.comp = dcomp.p, a.topk = dtopk.p, a.sink = dsink.p;
+    a.n = n, a.H = H, a.window = W, a.topk_k = K, a.ratio = ratio, a.kind = 1, a.D = D, a.pos0 = pos0, a.n_comp = ncomp;
+    a.official = official;
+    a.max_rows = cu::attend_max_rows(W, 1, K, pos0 + n, ratio);
+    DBuf<float> scr(static_cast<size_t>(n * H * a.max_rows));
+    a.scratch = scr.p, a.o = dout.p, a.err = derr.p;
+    cu::attend(a, nullptr);
+    expect_close(dout.get(), ref, official, "attention 64h x (128 win + 512 topk)");
+    EXPECT_EQ(derr.get()[0], 0);
+  }
+}
+
+// ---- lightning indexer: 64 heads x 128 dims over 4096 keys, top-512 ----------------------------------------------
+TEST(CudaOps, IndexerScoresAndTopk) {
+  std::mt19937 g(9);
+  const int Hi = 64, K = 512, n = 2, ratio = 4, R = 64;
+  const int64_t Di = 128, pos0 = 4096 * 4 - n, nkeys = 4096;
+  vector<float> inv(R / 2);
+  for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(160000.0f, 2.0f * i / R);
+  vector<float> q0 = randn(static_cast<size_t>(n * Hi * Di), g), wts = randn(static_cast<size_t>(n * Hi), g),
+                keys = randn(static_cast<size_t>(nkeys * Di), g);
+  for (bool official : {false, true}) {
+    vector<float> q = q0, w = wts;
+    if (official) num::round_bf16(w.data(), static_cast<int64_t>(w.size()));
+    const int64_t ld = (pos0 + n) / ratio;
+    vector<float> ref(static_cast<size_t>(n * ld), -std::numeric_limits<float>::infinity());
+    for (int i = 0; i < n; ++i) {
+      const int64_t t = pos0 + i;
+      for (int h = 0; h < Hi; ++h) {
+        float* qh = q.data() + (i * Hi + h) * Di;
+        for (int p = 0; p < R / 2; ++p) {
+          float ang = static_cast<float>(t) * inv[p], c = std::cos(ang), s = std::sin(ang);
+          float a = qh[Di - R + 2 * p], b = qh[Di - R + 2 * p + 1];
+          qh[Di - R + 2 * p] = a * c - b * s;
+          qh[Di - R + 2 * p + 1] = a * s + b * c;
+        }
+        if (official) {
+          num::round_bf16(qh, Di);
+          num::hadamard(qh, static_cast<int>(Di));
+          num::round_bf16(qh, Di);
+          num::fp4_sim(qh, Di);
+        }
+      }
+      const int64_t vis = (t + 1) / ratio;
+      for (int64_t kk = 0; kk < vis; ++kk) {
+        double s = 0;
+        for (int h = 0; h < Hi; ++h) {
+          float dd = cpu::dot(q.data() + (i * Hi + h) * Di, keys.data() + kk * Di, Di);
+          if (dd > 0) s += static_cast<double>(dd) * (1.0f / std::sqrt(128.0f)) * (w[i * Hi + h] * (1.0f / 8.0f));
+        }
+        float sf = static_cast<float>(s);
+        ref[i * ld + kk] = official ? num::decode_bf16(num::encode_bf16(sf)) : sf;
+      }
+    }
+    DBuf<float> dq(q0), dw(w), dk(keys), dinv(inv), dsc(ref.size());
+    DBuf<int32_t> dtop(static_cast<size_t>(n * K));
+    cu::indexer_q_prep(dq.p, n, Hi, Di, R, dinv.p, pos0, official, nullptr);
+    auto qg = dq.get();
+    expect_close(qg, q, official, "indexer q prep (rope/hadamard/sim4)");
+    cu::indexer_scores(dq.p, dw.p, dk.p, n, Hi, Di, pos0, ratio, nkeys, official, dsc.p, ld, nullptr);
+    cu::topk_rows(dsc.p, n, ld, pos0, ratio, K, dtop.p, nullptr);
+    auto sg = dsc.get();
+    vector<float> fin_g, fin_r;
+    for (size_t i = 0; i < ref.size(); ++i)
+      if (std::isfinite(ref[i])) fin_g.push_back(sg[i]), fin_r.push_back(ref[i]);
+    expect_close(fin_g, fin_r, official, "indexer scores 64x128 over 4096 keys");
+    // Top-k: the GPU's set must be exactly the top-k of its own scores, and overlap the CPU's set (score ties at the
+    // boundary may legitimately differ after BF16 rounding of order-dependent sums).
+    auto tg = dtop.get();
+    for (int i = 0; i < n; ++i) {
+      vector<int32_t> order(static_cast<size_t>(ld));
+      std::iota(order.begin(), order.end(), 0);
+      const float* s = ref.data() + i * ld;
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+      std::set<int32_t> want(order.begin(), order.begin() + K), got(tg.begin() + i * K, tg.begin() + (i + 1) * K);
+      size_t common = 0;
+      for (int32_t v : got) common += want.count(v);
+      EXPECT_GE(common, static_cast<size_t>(0.98 * K)) << "top-k overlap, query " << i;
+      const float* sgi = sg.data() + i * ld;
+      for (int j = 1; j < K; ++j) EXPECT_GE(sgi[tg[i * K + j - 1]], sgi[tg[i * K + j]]) << "top-k order";
+    }
+  }
+}
+
+// ---- mHC pre (Sinkhorn + collapse + RMSNorm) and post at hc=4, d=4096 ---------------------------------------------
+TEST(CudaOps, MhcPrePost) {
+  std::mt19937 g(21);
+  const int hc = 4, n = 3, mixn = (2 + hc) * hc, iters = 20;
+  const int64_t d = 4096;
+  const float eps = 1e-6f;
+  vector<float> X = randn(static_cast<size_t>(n * hc * d), g), fn = randn(static_cast<size_t>(mixn * hc * d), g, 0.01f),
+                base = randn(mixn, g, 0.1f), scale = randn(3, g, 0.5f), nw = randn(d, g, 0.1f), y = randn(static_cast<size_t>(n * d), g);
+  for (auto& v : nw) v += 1.0f;
+  auto sig = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  for (bool official : {false, true}) {
+    vector<float> xr(static_cast<size_t>(n * d)), postr(static_cast<size_t>(n * hc)), combr(static_cast<size_t>(n * hc * hc));
+    for (int t = 0; t < n; ++t) {
+      const float* Xt = X.data() + t * hc * d;
+      double ss = 0;
+      for (int64_t j = 0; j < hc * d; ++j) ss += static_cast<double>(Xt[j]) * Xt[j];
+      float rs = static_cast<float>(1.0 / std::sqrt(ss / (hc * d) + 1e-6));
+      float mix[24], pre[4];
+      for (int r = 0; r < mixn; ++r) mix[r] = cpu::dot(fn.data() + r * hc * d, Xt, hc * d) * rs;
+      for (int s = 0; s < hc; ++s) pre[s] = sig(mix[s] * scale[0] + base[s]) + eps;
+      for (int s = 0; s < hc; ++s) postr[t * hc + s] = 2.0f * sig(mix[hc + s] * scale[1] + base[hc + s]);
+      float* C = combr.data() + t * hc * hc;
+      for (int j = 0; j < hc; ++j) {
+        float row[4], mx = -INFINITY, sum = 0;
+        for (int k = 0; k < hc; ++k) mx = std::max(mx, row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k]);
+        for (int k = 0; k < hc; ++k) sum += (row[k] = std::exp(row[k] - mx));
+        for (int k = 0; k < hc; ++k) C[j * hc + k] = row[k] / sum + eps;
+      }
+      for (int it = 0; it < iters; ++it) {
+        if (it)
+          for (int j = 0; j < hc; ++j) {
+            float s = 0;
+            for (int k = 0; k < hc; ++k) s += C[j * hc + k];
+            for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + eps);
+          }
+        for (int k = 0; k < hc; ++k) {
+          float s = 0;
+          for (int j = 0; j < hc; ++j) s += C[j * hc + k];
+          for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + eps);
+        }
+      }
+      vector<float> xin(d, 0.0f);
+      for (int s = 0; s < hc; ++s)
+        for (int64_t j = 0; j < d; ++j) xin[j] += pre[s] * Xt[s * d + j];
+      if (official) num::round_bf16(xin.data(), d);
+      cpu::rms_norm(xin.data(), d, nw.data(), 1e-6, xr.data() + t * d);
+      if (official) num::round_bf16(xr.data() + t * d, d);
+    }
+    DBuf<float> dX(X), dfn(fn), dbase(base), dscale(scale), dnw(nw), dx(xr.size()), dpost(postr.size()), dcomb(combr.size());
+    cu::HcPreArgs a;
+    a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+    a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p, a.post = dpost.p,
+    a.comb = dcomb.p;
+    cu::hc_pre(a, nullptr);
+    expect_close(dx.get(), xr, official, "mhc pre x (hc=4, d=4096)");
+    expect_close(dpost.get(), postr, false, "mhc pre post");
+    expect_close(dcomb.get(), combr, false, "mhc pre comb (sinkhorn)");
+    // post: X_k = post_k * y + sum_i comb[i, k] X_i.
+    vector<float> Xr = X;
+    for (int t = 0; t < n; ++t)
+      for (int k = 0; k < hc; ++k)
+        for (int64_t j = 0; j < d; ++j) {
+          float v = postr[t * hc + k] * y[t * d + j];
+          for (int i = 0; i < hc; ++i) v += combr[t * hc * hc + i * hc + k] * X[(t * hc + i) * d + j];
+          Xr[(t * hc + k) * d + j] = official ? num::decode_bf16(num::encode_bf16(v)) : v;
+        }
+    DBuf<float> dy(y), dpost2(postr), dcomb2(combr);
+    cu::hc_post(dy.p, dpost2.p, dcomb2.p, n, hc, d, official, dX.p, nullptr);
+    expect_close(dX.get(), Xr, official, "mhc post (hc=4, d=4096)");
+  }
+}
+
+// ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------
+void run_compressor(int m, int64_t c, bool overlap, bool main, bool official) {
+  std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap));
+  const int64_t W = (overlap ? 2 : 1) * c, R = 64;
+  const int n = 2 * m + 3;
+  const int64_t pos0 = 0;
+  vector<float> K = randn(static_cast<size_t>(n * W), g), Z = randn(static_cast<size_t>(n * W), g),
+                ape = randn(static_cast<size_t>(m * W), g, 0.1f), nw = randn(c, g, 0.1f), inv(R / 2);
+  for (auto& v : nw) v += 1.0f;
+  for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(160000.0f, 2.0f * i / R);
+  const int64_t rows = (overlap ? 2 : 1) * m;
+  vector<float> sK(static_cast<size_t>(rows * W), 0.0f), sZ(static_cast<size_t>(rows * W), -INFINITY), ref;
+  for (int i = 0; i < n; ++i) {
+    const int64_t t = pos0 + i;
+    const int r = static_cast<int>(t % m);
+    const int64_t row = overlap ? m + r : r;
+    for (int64_t j = 0; j < W; ++j) sK[row * W + j] = K[i * W + j], sZ[row * W + j] = Z[i * W + j] + ape[r * W + j];
+    if ((t + 1) % m) continue;
+    vector<float> e(c);
+    for (int64_t j = 0; j < c; ++j) {
+      vector<float> z, kv;
+      for (int s = 0; s < m; ++s) z.push_back(sZ[s * W + j]), kv.push_back(sK[s * W + j]);
+      if (overlap)
+        for (int s = 0; s < m; ++s) z.push_back(sZ[(m + s) * W + c + j]), kv.push_back(sK[(m + s) * W + c + j]);
+      float zmax = *std::max_element(z.begin(), z.end());
+      double den = 0, num = 0;
+      for (size_t s = 0; s < z.size(); ++s) {
+        double ex = z[s] == -INFINITY ? 0.0 : std::exp(static_cast<double>(z[s] - zmax));
+        den += ex, num += ex * kv[s];
+      }
+      e[j] = static_cast<float>(num / den);
+    }
+    if (overlap) {
+      std::copy(sK.begin() + m * W, sK.begin() + 2 * m * W, sK.begin());
+      std::copy(sZ.begin() + m * W, sZ.begin() + 2 * m * W, sZ.begin());
+    }
+    if (official) num::round_bf16(e.data(), c);
+    cpu::rms_norm(e.data(), c, nw.data(), 1e-6, e.data());
+    if (official) num::round_bf16(e.data(), c);
+    const int64_t pos = (t / m) * m;
+    for (int p = 0; p < R / 2; ++p) {
+      float ang = static_cast<float>(pos) * inv[p], cs = std::cos(ang), sn = std::sin(ang);
+      float a = e[c - R + 2 * p], b = e[c - R + 2 * p + 1];
+      e[c - R + 2 * p] = a * cs - b * sn;
+      e[c - R + 2 * p + 1] = a * sn + b * cs;
+    }
+    if (official) {
+      num::round_bf16(e.data() + c - R, R);
+      if (main) num::fp8_sim(e.data(), c - R, 64);
+      else num::hadamard(e.data(), static_cast<int>(c)), num::round_bf16(e.data(), c), num::fp4_sim(e.data(), c);
+    }
+    ref.insert(ref.end(), e.begin(), e.end());
+  }
+  DBuf<float> dK(K), dZ(Z), dape(ape), dnw(nw), dinv(inv), dsK(sK.size()), dsZ(sZ.size()), dcache(ref.size());
+  cu::fill_f32(dsZ.p, static_cast<int64_t>(sZ.size()), -INFINITY, nullptr);
+  cu::CompressorArgs a;
+  // Two calls (chunk split at m + 1) to exercise the state carried across chunks.
+  const int split = m + 1;
+  a.K = dK.p, a.Z = dZ.p, a.n = split, a.pos0 = 0, a.ratio = m, a.width = c, a.overlap = overlap, a.ape = dape.p;
+  a.norm_w = dnw.p, a.eps = 1e-6, a.rope_dim = R, a.inv_freq = dinv.p, a.official = official, a.main = main;
+  a.sK = dsK.p, a.sZ = dsZ.p, a.cache = dcache.p, a.count0 = 0;
+  cu::compressor(a, nullptr);
+  a.K = dK.p + split * W, a.Z = dZ.p + split * W, a.n = n - split, a.pos0 = split, a.count0 = (split) / m;
+  cu::compressor(a, nullptr);
+  const std::string what = std::string("compressor ") + (main ? "main" : "indexer") + " m=" + std::to_string(m) +
+                           " c=" + std::to_string(c);
+  expect_close(dcache.get(), ref, official, what.c_str());
+}
+TEST(CudaOps, Compressors) {
+  for (bool off : {false, true}) {
+    run_compressor(4, 512, true, true, off);
+    run_compressor(128, 512, false, true, off);
+    run_compressor(4, 128, true, false, off);
+  }
+}
+
+// ---- per-row norm + RoPE (+ SIM8): the kv path at D=512 ----------------------------------------------------------
+TEST(CudaOps, NormRopeSim8Kv) {
+  std::mt19937 g(4);
+  const int n = 5, R = 64;
+  const int64_t D = 512, pos0 = 1000;
+  vector<float> x = randn(static_cast<size_t>(n * D), g), w = randn(D, g, 0.1f), inv(R / 2);
+  for (auto& v : w) v += 1.0f;
+  for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / R);
+  for (bool official : {false, true}) {
+    vector<float> ref(x.size());
+    for (int t = 0; t < n; ++t) {
+      float* k = ref.data() + t * D;
+      cpu::rms_norm(x.data() + t * D, D, w.data(), 1e-6, k);
+      if (official) num::round_bf16(k, D);
+      for (int p = 0; p < R / 2; ++p) {
+        float ang = static_cast<float>(pos0 + t) * inv[p], c = std::cos(ang), s = std::sin(ang);
+        float a = k[D - R + 2 * p], b = k[D - R + 2 * p + 1];
+        k[D - R + 2 * p] = a * c - b * s;
+        k[D - R + 2 * p + 1] = a * s + b * c;
+      }
+      if (official) num::round_bf16(k + D - R, R), num::fp8_sim(k, D - R, 64);
+    }
+    DBuf<float> dx(x), dw(w), dinv(inv), dy(x.size());
+    cu::NormRopeArgs a;
+    a.x = dx.p, a.y = dy.p, a.rows = n, a.len = D, a.w = dw.p, a.eps = 1e-6, a.rope_dim = R, a.inv_freq = dinv.p;
+    a.pos0 = pos0, a.official = official, a.sim8_block = 64;
+    cu::norm_rope(a, nullptr);
+    expect_close(dy.get(), ref, official, "kv norm+rope+sim8 D=512");
+  }
+}
+
+}  // namespace
+}  // namespace dsv4::test

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# ONE script for the GPU machine: builds dsv4 (Release, CUDA tests registered), runs every CTest test and the CUDA
+# op/model tests, runs `dsv4 logits --backend cuda` on each golden fixture against its golden logits, runs
+# compute-sanitizer on a small subset, and micro-benchmarks the kernels (`dsv4 bench-ops`). Logs and a summary go to
+# $OUT (default build-gpu/out). Exit status: non-zero if any step failed. Budget: < 7 minutes on one H200.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$ROOT/build-gpu}
+OUT=${OUT:-$BUILD/out}
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.md
+: > "$SUMMARY"
+status=0
+note() { echo "$*" | tee -a "$SUMMARY"; }
+step() {  # step NAME TIMEOUT_S CMD...: runs CMD with a timeout, log in $OUT/NAME.log, records pass/fail
+  local name=$1 t=$2; shift 2
+  local t0=$SECONDS
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then note "- $name: OK ($((SECONDS - t0)) s)"; else note "- $name: FAILED rc=$rc ($((SECONDS - t0)) s), see $name.log"; tail -40 "$OUT/$name.log"; status=1; fi
+  return $rc
+}
+
+note "# dsv4 GPU check $(date -u +%Y-%m-%dT%H:%MZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+
+export DSV4_GPU_TESTS=1
+step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release || { cat "$SUMMARY"; exit 1; }
+step build 300 cmake --build "$BUILD" -j16 || { cat "$SUMMARY"; exit 1; }
+DSV4=$BUILD/dsv4
+
+# All CTest tests except the CUDA ones (run next, directly, so their printed comparisons land in one log).
+step ctest 240 ctest --test-dir "$BUILD" -j12 --timeout 200 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
+step test_cuda 300 "$BUILD/test_cuda"
+grep -E '^\[(op|cuda-vs-cpu)\]|FAILED|PASSED' "$OUT/test_cuda.log" >> "$SUMMARY"
+
+# CUDA logits vs the golden (HF fp64) logits, reference numerics, chunk whole / 1 / 7.
+cat > "$OUT/cmp.py" <<'PY'
+import sys, numpy as np
+got = np.fromfile(sys.argv[1], dtype=np.float32); ref = np.fromfile(sys.argv[2], dtype=np.float32)
+V = int(sys.argv[3]); tol = float(sys.argv[4])
+assert got.size == ref.size, (got.size, ref.size)
+g = got.reshape(-1, V); r = ref.reshape(-1, V)
+rel = float(np.linalg.norm(g - r) / np.linalg.norm(r)); mad = float(np.abs(g - r).max()); top = float((g.argmax(1) == r.argmax(1)).mean())
+ok = mad <= tol * float(np.abs(r).max())
+print(f"max|diff| {mad:.3g} (tol {tol:.0e} x max|golden|), rel L2 {rel:.3g}, top-1 {100*top:.1f}% -> {'OK' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PY
+for dir in "$ROOT"/tests/fixtures/*/; do
+  [ -f "$dir/logits.bin" ] || continue
+  case_name=$(basename "$dir")
+  V=$(python3 -c "import json;print(json.load(open('$dir/config.json'))['vocab_size'])")
+  for chunk in 0 1 7; do
+    args=(logits --model "$dir" --ids "$dir/ids.bin" --out "$OUT/logits_${case_name}_$chunk.bin" --backend cuda --numerics reference)
+    [ "$chunk" -gt 0 ] && args+=(--chunk "$chunk")
+    if timeout 60 "$DSV4" "${args[@]}" > "$OUT/logits_${case_name}_$chunk.log" 2>&1; then
+      res=$(python3 "$OUT/cmp.py" "$OUT/logits_${case_name}_$chunk.bin" "$dir/logits.bin" "$V" 1e-4) || status=1
+      note "- golden $case_name chunk=$chunk (cuda, reference): $res"
+    else
+      note "- golden $case_name chunk=$chunk: dsv4 logits FAILED: $(tail -2 "$OUT/logits_${case_name}_$chunk.log")"; status=1
+    fi
+    rm -f "$OUT/logits_${case_name}_$chunk.bin"
+  done
+done
+
+# compute-sanitizer (memcheck) on the cheaper op tests and one whole tiny model.
+if command -v compute-sanitizer > /dev/null; then
+  step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_cuda" \
+    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:Fixtures/CudaFixture.*/flash_fp8'
+else
+  note "- sanitizer: compute-sanitizer not found"
+fi
+
+step bench 120 "$DSV4" bench-ops --reps 30
+cat "$OUT/bench.log" >> "$SUMMARY"
+note ""
+note "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+cat "$SUMMARY"
+exit $status

@@ -4,6 +4,11 @@
 
 namespace dsv4 {
 
+void Backend::mtp_input(const int32_t*, const float*, int, float*) {
+  fail("the ", name(), " backend does not implement the MTP block yet");
+}
+void Backend::mtp_head(const float*, int, float*) { fail("the ", name(), " backend does not implement the MTP block yet"); }
+
 const char* numerics_name(Numerics n) { return n == Numerics::Reference ? "reference" : "official"; }
 
 Numerics parse_numerics(const std::string& s) {
@@ -27,6 +32,7 @@ Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
   Backend& b = m.backend();
   const size_t n = static_cast<size_t>(max_chunk);
   X_ = b.alloc_f32(n * c.hc_mult * c.hidden);
+  Y_ = m.weights().mtp ? b.alloc_f32(n * c.hc_mult * c.hidden) : nullptr;
   x_ = b.alloc_f32(n * c.hidden);
   post_ = b.alloc_f32(n * c.hc_mult);
   comb_ = b.alloc_f32(n * c.hc_mult * c.hc_mult);
@@ -37,7 +43,47 @@ Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
   y_ = b.alloc_f32(n * c.hidden);
   logits_ = b.alloc_f32(n * c.vocab_size);
   ids_ = b.alloc_i32(n);
+  mtp_ids_ = b.alloc_i32(n);
   topk_ = b.alloc_i32(n * static_cast<size_t>(std::max(c.index_topk, 1)));
+}
+
+// One block (MODEL.md §5.2) in the op order of §6.5; layer == n_layers is the MTP block.
+void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  const AttnKind kind = c.kind(l);
+  // Attention sub-layer.
+  b.hc_pre(l, HcSite::Attn, X, n, x_, post_, comb_);
+  b.attn_qkv(l, x_, n, pos0, qr_, q_, kv_);
+  const int32_t* topk = nullptr;
+  if (kind == AttnKind::CSA) {
+    b.compressor_step(l, CompressorKind::Indexer, x_, n, pos0, st);
+    b.indexer_topk(l, x_, qr_, n, pos0, st, topk_);
+    topk = topk_;
+  }
+  if (kind != AttnKind::SWA) b.compressor_step(l, CompressorKind::Main, x_, n, pos0, st);
+  b.attend(l, q_, kv_, topk, n, pos0, st, o_);
+  b.window_store(l, kv_, n, pos0, st);
+  b.attn_out(l, o_, n, pos0, y_);
+  b.hc_post(y_, post_, comb_, n, X);
+  // FFN sub-layer.
+  b.hc_pre(l, HcSite::Ffn, X, n, x_, post_, comb_);
+  b.moe(l, x_, ids_, n, y_);
+  b.hc_post(y_, post_, comb_, n, X);
+}
+
+void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  if (!m_.weights().mtp) fail("this checkpoint has no MTP block (mtp.0.*)");
+  if (n != last_n_ || pos0 != last_pos0_) fail("forward_mtp must follow forward() of the same chunk");
+  for (int i = 0; i < n; ++i)
+    if (next_ids[i] < 0 || next_ids[i] >= c.vocab_size) fail("MTP token id ", next_ids[i], " is out of range");
+  b.upload_i32(mtp_ids_, next_ids, static_cast<size_t>(n));
+  b.mtp_input(mtp_ids_, X_, n, Y_);
+  block(c.n_layers, Y_, n, pos0, st);
+  b.mtp_head(Y_, n, logits_);
+  b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
 }
 
 void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits) {
@@ -50,27 +96,9 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
     if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at position ", pos0 + i, " is out of range [0, ", c.vocab_size, ")");
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
   b.embed(ids_, n, X_);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const AttnKind kind = c.kind(l);
-    // Attention sub-layer (MODEL.md §6.5 steps 1-5).
-    b.hc_pre(l, HcSite::Attn, X_, n, x_, post_, comb_);
-    b.attn_qkv(l, x_, n, pos0, qr_, q_, kv_);
-    const int32_t* topk = nullptr;
-    if (kind == AttnKind::CSA) {
-      b.compressor_step(l, CompressorKind::Indexer, x_, n, pos0, st);
-      b.indexer_topk(l, x_, qr_, n, pos0, st, topk_);
-      topk = topk_;
-    }
-    if (kind != AttnKind::SWA) b.compressor_step(l, CompressorKind::Main, x_, n, pos0, st);
-    b.attend(l, q_, kv_, topk, n, pos0, st, o_);
-    b.window_store(l, kv_, n, pos0, st);
-    b.attn_out(l, o_, n, pos0, y_);
-    b.hc_post(y_, post_, comb_, n, X_);
-    // FFN sub-layer.
-    b.hc_pre(l, HcSite::Ffn, X_, n, x_, post_, comb_);
-    b.moe(l, x_, ids_, n, y_);
-    b.hc_post(y_, post_, comb_, n, X_);
-  }
+  for (int l = 0; l < c.n_layers; ++l) block(l, X_, n, pos0, st);
+  last_n_ = n;
+  last_pos0_ = pos0;
   if (logits) {
     b.head(X_, n, logits_);
     b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));

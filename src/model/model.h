@@ -39,13 +39,19 @@ class Forward {
   // Processes ids[0..n) at positions [pos0, pos0+n) (pos0 must equal the number of tokens already in `st`);
   // writes logits[n, vocab] to host memory if `logits` is non-null.
   void forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits);
+  // MTP draft logits for the chunk just run by forward(): position t's main streams + token t+1 (next_ids[i] is the
+  // token after ids[i]) predict token t+2. Uses (and advances) the MTP block's own window state in `st`.
+  void forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits);
 
  private:
+  void block(int layer, float* X, int n, int64_t pos0, SequenceState& st);
   Model& m_;
   int max_chunk_;
   // Backend-memory activations.
-  float *X_, *x_, *post_, *comb_, *qr_, *q_, *kv_, *o_, *y_, *logits_;
-  int32_t *ids_, *topk_;
+  int last_n_ = -1;
+  int64_t last_pos0_ = -1;
+  float *X_, *Y_, *x_, *post_, *comb_, *qr_, *q_, *kv_, *o_, *y_, *logits_;
+  int32_t *ids_, *mtp_ids_, *topk_;
 };
 
 }  // namespace dsv4

@@ -85,6 +85,10 @@ struct Layer {
   vector<Expert> experts;
   bool has_shared = false;
   Expert shared;
+  // MTP block only.
+  Lin e_proj, h_proj;
+  vector<float> enorm, hnorm, mtp_norm;
+  Hc mtp_hc_head;
 };
 
 // Per-sequence state of one layer.
@@ -101,8 +105,8 @@ struct LayerState {
 class CpuSequence final : public SequenceState {
  public:
   CpuSequence(const ModelConfig& c, const vector<Layer>& layers, int64_t max_ctx) : max_ctx_(max_ctx) {
-    for (int l = 0; l < c.n_layers; ++l) {
-      const Layer& L = layers[static_cast<size_t>(l)];
+    for (size_t l = 0; l < layers.size(); ++l) {  // main layers, then the MTP block if loaded
+      const Layer& L = layers[l];
       LayerState s;
       s.ring.assign(static_cast<size_t>(c.window * c.head_dim), 0.0f);
       if (L.has_comp) {
@@ -151,7 +155,11 @@ class CpuBackend final : public Backend {
     head_ = make_lin(w.head);
     norm_ = to_f32(w.norm);
     hc_head_ = make_hc(w.hc_head);
-    for (const LayerWeights& lw : w.layers) {
+    std::vector<const LayerWeights*> all;
+    for (const auto& lw : w.layers) all.push_back(&lw);
+    if (w.mtp) all.push_back(&*w.mtp);
+    for (const LayerWeights* lwp : all) {
+      const LayerWeights& lw = *lwp;
       Layer L;
       L.kind = lw.kind;
       L.ratio = c.ratio(lw.index);
@@ -202,6 +210,14 @@ class CpuBackend final : public Backend {
       if (lw.shared) {
         L.has_shared = true;
         L.shared = Expert{make_lin(lw.shared->w1), make_lin(lw.shared->w2), make_lin(lw.shared->w3)};
+      }
+      if (lw.e_proj.weight) {
+        L.e_proj = make_lin(lw.e_proj);
+        L.h_proj = make_lin(lw.h_proj);
+        L.enorm = to_f32(lw.enorm);
+        L.hnorm = to_f32(lw.hnorm);
+        L.mtp_norm = to_f32(lw.mtp_norm);
+        L.mtp_hc_head = make_hc(lw.mtp_hc_head);
       }
       layers_.push_back(std::move(L));
     }
@@ -556,7 +572,47 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void head(const float* X, int n, float* logits) override {
+  void head(const float* X, int n, float* logits) override { final_head(hc_head_, norm_, X, n, logits); }
+
+  void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y) override {
+    const Layer& M = mtp_layer();
+    const int hc = c_.hc_mult;
+    const int64_t d = c_.hidden;
+    vector<float>& e = scratch(16, static_cast<size_t>(n * d));
+    vector<float>& ep = scratch(17, static_cast<size_t>(n * d));
+    for (int t = 0; t < n; ++t) {
+      cpu::rms_norm(embed_.data() + static_cast<int64_t>(next_ids[t]) * d, d, M.enorm.data(), c_.rms_eps, e.data() + t * d);
+      if (official_) num::round_bf16(e.data() + t * d, d);
+    }
+    linear(M.e_proj, e.data(), n, ep.data());
+    vector<float>& hs = scratch(18, static_cast<size_t>(n * hc * d));
+    vector<float>& hp = scratch(19, static_cast<size_t>(n * hc * d));
+    for (int64_t r = 0; r < static_cast<int64_t>(n) * hc; ++r) {
+      cpu::rms_norm(X + r * d, d, M.hnorm.data(), c_.rms_eps, hs.data() + r * d);
+      if (official_) num::round_bf16(hs.data() + r * d, d);
+    }
+    linear(M.h_proj, hs.data(), n * hc, hp.data());
+    for (int t = 0; t < n; ++t)
+      for (int s = 0; s < hc; ++s)
+        for (int64_t j = 0; j < d; ++j) Y[(t * hc + s) * d + j] = hp[(t * hc + s) * d + j] + ep[t * d + j];
+    if (official_) num::round_bf16(Y, static_cast<int64_t>(n) * hc * d);
+  }
+
+  void mtp_head(const float* Y, int n, float* logits) override {
+    const Layer& M = mtp_layer();
+    final_head(M.mtp_hc_head, M.mtp_norm, Y, n, logits);
+  }
+
+ private:
+  static float sigmoidf(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+  const Layer& mtp_layer() const {
+    if (layers_.size() <= static_cast<size_t>(c_.n_layers)) fail("this checkpoint has no MTP block");
+    return layers_[static_cast<size_t>(c_.n_layers)];
+  }
+
+  // hc_head collapse (sigmoid weights, no Sinkhorn), RMSNorm, LM head (MODEL.md §5.10).
+  void final_head(const Hc& hh, const vector<float>& norm, const float* X, int n, float* logits) {
     const int hc = c_.hc_mult;
     const int64_t d = c_.hidden;
     vector<float>& h = scratch(8, static_cast<size_t>(n * d));
@@ -567,22 +623,19 @@ class CpuBackend final : public Backend {
         double ss = 0.0;
         for (int64_t j = 0; j < hc * d; ++j) ss += static_cast<double>(Xt[j]) * Xt[j];
         float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hc * d) + c_.rms_eps));
-        for (int s = 0; s < hc; ++s) mix[s] = cpu::dot(hc_head_.fn.data() + s * hc * d, Xt, hc * d) * rs;
+        for (int s = 0; s < hc; ++s) mix[s] = cpu::dot(hh.fn.data() + s * hc * d, Xt, hc * d) * rs;
       }
       vector<float>& hv = scratch(14, static_cast<size_t>(d));
       std::fill(hv.begin(), hv.begin() + d, 0.0f);
       for (int s = 0; s < hc; ++s) {
-        float pre = sigmoidf(mix[s] * hc_head_.scale[0] + hc_head_.base[s]) + static_cast<float>(c_.hc_eps);
+        float pre = sigmoidf(mix[s] * hh.scale[0] + hh.base[s]) + static_cast<float>(c_.hc_eps);
         for (int64_t j = 0; j < d; ++j) hv[j] += pre * Xt[s * d + j];
       }
       if (official_) num::round_bf16(hv.data(), d);
-      cpu::rms_norm(hv.data(), d, norm_.data(), c_.rms_eps, h.data() + t * d);
+      cpu::rms_norm(hv.data(), d, norm.data(), c_.rms_eps, h.data() + t * d);
     }
     cpu::matmul_nt(h.data(), n, d, head_.w.data(), c_.vocab_size, logits);
   }
-
- private:
-  static float sigmoidf(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
   // mix = (fn · v) * rsqrt(mean(v²) + eps) over the flattened hc*d streams.
   void mhc_mix(const Hc& h, const float* Xt, float* mix) const {
@@ -742,7 +795,7 @@ class CpuBackend final : public Backend {
                                                               c_.index_n_heads * c_.index_head_dim}));
 #pragma omp parallel
     {
-      for (int slot = 0; slot < 16; ++slot) scratch(slot, big);
+      for (int slot = 0; slot < 20; ++slot) scratch(slot, big);
       tls<const float*>(0, static_cast<size_t>(max_rows));
       scratch(20, static_cast<size_t>(max_rows));
       tls<std::pair<float, int32_t>>(0, static_cast<size_t>(max_comp));

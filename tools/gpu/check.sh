@@ -5,6 +5,7 @@ step bench 60 "$DSV4" bench-ops --reps 30
 cat "$OUT/bench.log" >> "$SUMMARY"
 
 # Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
+step build_all 120 cmake --build "$BUILD" -j16
 step ctest 100 ctest --test-dir "$BUILD" -j16 --timeout 90 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
 grep -E "tests passed|tests failed" "$OUT/ctest.log" >> "$SUMMARY"
 
@@ -43,7 +44,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 export DSV4_GPU_TESTS=1
 step configure 60 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release || { cat "$SUMMARY"; exit 1; }
-step build 240 cmake --build "$BUILD" -j16 || { cat "$SUMMARY"; exit 1; }
+# The CUDA targets first, so that an unrelated build break elsewhere cannot hide the GPU results.
+step build 240 cmake --build "$BUILD" -j16 --target dsv4 test_cuda || { cat "$SUMMARY"; exit 1; }
 DSV4=$BUILD/dsv4
 
 step test_cuda 150 "$BUILD/test_cuda"

@@ -1,14 +1,6 @@
 #!/usr/bin/env bash
 # ONE script for the GPU machine: builds dsv4 (Release, CUDA tests registered), runs every CTest test and the CUDA
 # op/model tests, runs `dsv4 logits --backend cuda` on each golden fixture against its golden logits, runs
-step bench 60 "$DSV4" bench-ops --reps 30
-cat "$OUT/bench.log" >> "$SUMMARY"
-
-# Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
-step build_all 120 cmake --build "$BUILD" -j16
-step ctest 100 ctest --test-dir "$BUILD" -j16 --timeout 90 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
-grep -E "tests passed|tests failed" "$OUT/ctest.log" >> "$SUMMARY"
-
 # compute-sanitizer on a small subset, and micro-benchmarks the kernels (`dsv4 bench-ops`). Logs and a summary go to
 # $OUT (default build-gpu/out). Exit status: non-zero if any step failed. Budget: < 7 minutes on one H200.
 set -uo pipefail
@@ -52,7 +44,7 @@ step test_cuda 150 "$BUILD/test_cuda"
 grep -E '^\[(op|cuda-vs-cpu)\]|FAILED|PASSED' "$OUT/test_cuda.log" >> "$SUMMARY"
 
 # CUDA logits vs the golden (HF fp64) logits, reference numerics, chunk whole / 1 / 7.
-cat > "$OUT/cmp.py" <<'PY'
+cat > "$BUILD/cmp.py" <<'PY'
 import sys, numpy as np
 got = np.fromfile(sys.argv[1], dtype=np.float32); ref = np.fromfile(sys.argv[2], dtype=np.float32)
 V = int(sys.argv[3]); tol = float(sys.argv[4])
@@ -68,17 +60,25 @@ for dir in "$ROOT"/tests/fixtures/*/; do
   case_name=$(basename "$dir")
   V=$(python3 -c "import json;print(json.load(open('$dir/config.json'))['vocab_size'])")
   for chunk in 0 1 7; do
-    args=(logits --model "$dir" --ids "$dir/ids.bin" --out "$OUT/logits_${case_name}_$chunk.bin" --backend cuda --numerics reference)
+    args=(logits --model "$dir" --ids "$dir/ids.bin" --out "$BUILD/logits_${case_name}_$chunk.bin" --backend cuda --numerics reference)
     [ "$chunk" -gt 0 ] && args+=(--chunk "$chunk")
-    if timeout 60 "$DSV4" "${args[@]}" > "$OUT/logits_${case_name}_$chunk.log" 2>&1; then
-      res=$(python3 "$OUT/cmp.py" "$OUT/logits_${case_name}_$chunk.bin" "$dir/logits.bin" "$V" 1e-4) || status=1
+    if timeout 60 "$DSV4" "${args[@]}" > "$BUILD/logits_${case_name}_$chunk.log" 2>&1; then
+      res=$(python3 "$BUILD/cmp.py" "$BUILD/logits_${case_name}_$chunk.bin" "$dir/logits.bin" "$V" 1e-4) || status=1
       note "- golden $case_name chunk=$chunk (cuda, reference): $res"
     else
-      note "- golden $case_name chunk=$chunk: dsv4 logits FAILED: $(tail -2 "$OUT/logits_${case_name}_$chunk.log")"; status=1
+      note "- golden $case_name chunk=$chunk: dsv4 logits FAILED: $(tail -2 "$BUILD/logits_${case_name}_$chunk.log")"; status=1
     fi
-    rm -f "$OUT/logits_${case_name}_$chunk.bin"
+    rm -f "$BUILD/logits_${case_name}_$chunk.bin"
   done
 done
+
+step bench 60 "$DSV4" bench-ops --reps 30
+cat "$OUT/bench.log" >> "$SUMMARY"
+
+# Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
+step build_all 120 cmake --build "$BUILD" -j16
+step ctest 100 ctest --test-dir "$BUILD" -j16 --timeout 90 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
+grep -E "tests passed|tests failed" "$OUT/ctest.log" >> "$SUMMARY"
 
 # compute-sanitizer (memcheck) on the cheaper op tests.
 if command -v compute-sanitizer > /dev/null; then

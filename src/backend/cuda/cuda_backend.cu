@@ -169,6 +169,11 @@ class CudaBackend final : public Backend {
   void load(const ModelConfig& c, const ModelWeights& w, Numerics numerics) override {
     c_ = c;
     official_ = numerics == Numerics::Official;
+    // The quantization simulation works on whole blocks (SIM8: 64 nope dims, SIM4: 32 indexer dims), as the CPU
+    // reference requires; reject shapes it would reject instead of quantizing a partial block silently.
+    if (official_ && (c.nope_dim() % 64 != 0 || c.index_head_dim % 32 != 0))
+      fail("official numerics need head_dim - rope_dim (", c.nope_dim(), ") to be a multiple of 64 and index_head_dim (",
+           c.index_head_dim, ") a multiple of 32");
     const ckpt::TensorView& et = *w.embed;
     switch (et.dtype()) {
       case ckpt::DType::F32: embed_dtype_ = 0; break;

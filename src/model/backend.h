@@ -22,6 +22,14 @@ Numerics parse_numerics(const std::string& s);  // throws on unknown names
 enum class HcSite { Attn, Ffn };
 enum class CompressorKind { Main, Indexer };
 
+// A copy of the part of a sequence's state that later tokens overwrite: window rings, compressor running state and
+// the compressed-cache entry counts. Compressed entries themselves are append-only, so restoring a snapshot only
+// truncates them (entries past the snapshot are recomputed identically).
+class StateSnapshot {
+ public:
+  virtual ~StateSnapshot() = default;
+};
+
 // Per-sequence decode state (window rings, compressed caches, compressor running state). Owned by the backend;
 // sized once from max_context and never grown.
 class SequenceState {
@@ -29,6 +37,11 @@ class SequenceState {
   virtual ~SequenceState() = default;
   virtual int64_t max_context() const = 0;
   virtual void reset() = 0;  // back to an empty sequence (state must be re-initialised per sequence)
+  // Rollback support for prefix reuse. A backend without it makes sessions recompute from position 0 (correct,
+  // slower); supports_snapshots() says which.
+  virtual bool supports_snapshots() const { return false; }
+  virtual std::unique_ptr<StateSnapshot> snapshot() const;
+  virtual void restore(const StateSnapshot& s);
 };
 
 class Backend {

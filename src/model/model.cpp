@@ -4,6 +4,9 @@
 
 namespace dsv4 {
 
+std::unique_ptr<StateSnapshot> SequenceState::snapshot() const { fail("this backend's sequence state has no snapshots"); }
+void SequenceState::restore(const StateSnapshot&) { fail("this backend's sequence state has no snapshots"); }
+
 void Backend::mtp_input(const int32_t*, const float*, int, float*) {
   fail("the ", name(), " backend does not implement the MTP block yet");
 }
@@ -86,7 +89,7 @@ void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int
   b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
 }
 
-void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits) {
+void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits, bool last_only) {
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   if (n <= 0 || n > max_chunk_) fail("chunk of ", n, " tokens does not fit the forward's max chunk ", max_chunk_);
@@ -100,8 +103,9 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
   last_n_ = n;
   last_pos0_ = pos0;
   if (logits) {
-    b.head(X_, n, logits_);
-    b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+    const int rows = last_only ? 1 : n;
+    b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, logits_);
+    b.download_f32(logits, logits_, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
   }
 }
 

@@ -37,8 +37,9 @@ class Forward {
   Forward(Model& model, int max_chunk);
   int max_chunk() const { return max_chunk_; }
   // Processes ids[0..n) at positions [pos0, pos0+n) (pos0 must equal the number of tokens already in `st`);
-  // writes logits[n, vocab] to host memory if `logits` is non-null.
-  void forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits);
+  // writes logits[n, vocab] to host memory if `logits` is non-null (only the last position's [vocab] when
+  // last_only, which skips the LM head for the others).
+  void forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits, bool last_only = false);
   // MTP draft logits for the chunk just run by forward(): position t's main streams + token t+1 (next_ids[i] is the
   // token after ids[i]) predict token t+2. Uses (and advances) the MTP block's own window state in `st`.
   void forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits);

@@ -138,9 +138,37 @@ class CpuSequence final : public SequenceState {
       std::fill(s.iZ.begin(), s.iZ.end(), ninf);
     }
   }
+  bool supports_snapshots() const override { return true; }
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    auto snap = std::make_unique<Snapshot>();
+    for (const auto& s : layers_) snap->layers.push_back(Snapshot::Layer{s.ring, s.cK, s.cZ, s.iK, s.iZ, s.n_comp, s.n_idx});
+    return snap;
+  }
+  void restore(const StateSnapshot& base) override {
+    const auto* snap = dynamic_cast<const Snapshot*>(&base);
+    if (!snap || snap->layers.size() != layers_.size()) fail("restore: snapshot does not belong to this sequence");
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& a = snap->layers[l];
+      auto& s = layers_[l];
+      std::copy(a.ring.begin(), a.ring.end(), s.ring.begin());  // copies into preallocated storage
+      std::copy(a.cK.begin(), a.cK.end(), s.cK.begin());
+      std::copy(a.cZ.begin(), a.cZ.end(), s.cZ.begin());
+      std::copy(a.iK.begin(), a.iK.end(), s.iK.begin());
+      std::copy(a.iZ.begin(), a.iZ.end(), s.iZ.begin());
+      s.n_comp = a.n_comp;
+      s.n_idx = a.n_idx;
+    }
+  }
   vector<LayerState> layers_;
 
  private:
+  struct Snapshot final : StateSnapshot {
+    struct Layer {
+      vector<float> ring, cK, cZ, iK, iZ;
+      int64_t n_comp, n_idx;
+    };
+    vector<Layer> layers;
+  };
   int64_t max_ctx_;
 };
 

@@ -1,0 +1,112 @@
+#pragma once
+// The dsv4 public API: load a model, open sessions, sample. Everything a front end (CLI, server) needs and nothing
+// about how the model is computed.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+class Model;
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string backend = "cpu";          // cpu | cuda
+  std::string numerics = "reference";   // reference | official
+  int64_t max_context = 4096;           // per-session state is sized from this up front
+  int prefill_chunk = 256;              // tokens per prefill forward
+};
+
+struct ModelInfo {
+  int64_t vocab_size = 0;
+  int eos_token_id = 1;
+  int bos_token_id = 0;
+  int n_layers = 0;
+  std::string backend;
+  std::string numerics;
+};
+
+class Session;
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> load(const EngineOptions& opts);  // throws dsv4::Error
+  ~Engine();
+  const ModelInfo& info() const { return info_; }
+  const EngineOptions& options() const { return opts_; }
+  std::unique_ptr<Session> new_session();
+  Model& model() { return *model_; }
+
+ private:
+  Engine() = default;
+  EngineOptions opts_;
+  ModelInfo info_;
+  std::unique_ptr<Model> model_;
+};
+
+// One sequence. sync(tokens) makes the state equal to having processed exactly `tokens`, reusing the longest common
+// prefix already computed (restoring the nearest snapshot at or before the divergence and recomputing from there);
+// on the CPU backend the logits after a sync are bit-identical to a fresh session's.
+class Session {
+ public:
+  ~Session();
+  void sync(const std::vector<int32_t>& tokens);
+  void append(int32_t token);                 // decode one token (sync(tokens + [token]) without the search)
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<float>& logits() const;   // after the last token; throws if the session is empty
+  int64_t max_context() const;
+  // Tokens actually recomputed by the last sync()/append() (prefix reuse observability for tests and stats).
+  int64_t last_computed() const { return last_computed_; }
+
+ private:
+  friend class Engine;
+  explicit Session(Engine& e);
+  void run(int64_t from);  // forward tokens_[from..] from a state that holds tokens_[0..from)
+  void run_or_reset(int64_t from);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<int32_t> tokens_;
+  int64_t last_computed_ = 0;
+};
+
+struct SamplingParams {
+  float temperature = 1.0f;       // 0 = greedy
+  int top_k = 0;                  // 0 = off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;
+  int top_logprobs = 0;           // report this many alternatives per token
+};
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+};
+
+struct SampledToken {
+  int32_t token;
+  float logprob;                       // of the chosen token under the model's distribution (temperature 1)
+  std::vector<TokenLogprob> top;       // top_logprobs alternatives, best first
+};
+
+// Sampling from logits with penalties over the tokens generated so far. Same seed -> same choices.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+  SampledToken sample(const std::vector<float>& logits, const std::vector<int32_t>& generated);
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<int32_t> order_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,131 @@
+#include <algorithm>
+
+#include "core/error.h"
+#include "dsv4/engine.h"
+#include "model/model.h"
+#include "runtime/backend_factory.h"
+
+namespace dsv4 {
+
+std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
+  if (o.max_context <= 0) fail("max context must be positive (got ", o.max_context, ")");
+  if (o.prefill_chunk <= 0) fail("prefill chunk must be positive (got ", o.prefill_chunk, ")");
+  std::unique_ptr<Engine> e(new Engine());
+  e->opts_ = o;
+  e->model_ = std::make_unique<Model>(o.model_dir, make_backend(o.backend), parse_numerics(o.numerics));
+  const ModelConfig& c = e->model_->config();
+  if (o.max_context > c.max_position_embeddings)
+    fail("max context ", o.max_context, " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
+  e->info_ = ModelInfo{c.vocab_size, c.eos_token_id, c.bos_token_id, c.n_layers, o.backend, o.numerics};
+  return e;
+}
+
+Engine::~Engine() = default;
+
+std::unique_ptr<Session> Engine::new_session() { return std::unique_ptr<Session>(new Session(*this)); }
+
+// Snapshots every kSnapshotInterval tokens bound the recomputation of a rollback to that many tokens.
+static constexpr int64_t kSnapshotInterval = 64;
+
+struct Session::Impl {
+  Engine& engine;
+  std::unique_ptr<SequenceState> state;
+  Forward fwd;
+  std::vector<float> logits;
+  bool logits_valid = false;
+  // snapshots[i] holds the state after i * kSnapshotInterval tokens (index 0 = empty, i.e. reset()).
+  std::vector<std::unique_ptr<StateSnapshot>> snapshots;
+  Impl(Engine& e)
+      : engine(e),
+        state(e.model().backend().new_sequence(e.options().max_context)),
+        fwd(e.model(), e.options().prefill_chunk),
+        logits(static_cast<size_t>(e.info().vocab_size)) {}
+};
+
+Session::Session(Engine& e) : impl_(std::make_unique<Impl>(e)) {}
+Session::~Session() = default;
+
+int64_t Session::max_context() const { return impl_->state->max_context(); }
+
+const std::vector<float>& Session::logits() const {
+  if (!impl_->logits_valid) fail("session has no logits: sync a non-empty token sequence first");
+  return impl_->logits;
+}
+
+void Session::run(int64_t from) {
+  Impl& I = *impl_;
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  const int chunk = I.fwd.max_chunk();
+  const bool snaps = I.state->supports_snapshots();
+  int64_t p = from;
+  while (p < n) {
+    // Chunks end at snapshot boundaries so that snapshots land exactly on multiples of the interval.
+    int64_t next_snap = (p / kSnapshotInterval + 1) * kSnapshotInterval;
+    int64_t end = std::min({n, p + chunk, snaps ? next_snap : n});
+    I.fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
+    p = end;
+    if (snaps && p % kSnapshotInterval == 0 && static_cast<size_t>(p / kSnapshotInterval) == I.snapshots.size())
+      I.snapshots.push_back(I.state->snapshot());
+  }
+  last_computed_ = n - from;
+  I.logits_valid = n > 0;
+}
+
+void Session::sync(const std::vector<int32_t>& tokens) {
+  Impl& I = *impl_;
+  if (static_cast<int64_t>(tokens.size()) > max_context())
+    fail("sequence of ", tokens.size(), " tokens exceeds the session's max context ", max_context());
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= I.engine.info().vocab_size) fail("token id ", tokens[i], " at index ", i, " is out of range");
+  size_t common = 0;
+  while (common < tokens.size() && common < tokens_.size() && tokens[common] == tokens_[common]) ++common;
+  if (common == tokens.size() && common == tokens_.size() && (I.logits_valid || tokens.empty())) {
+    last_computed_ = 0;
+    return;
+  }
+  // Keep state for tokens[0..keep); the last token is always recomputed so that its logits exist.
+  int64_t keep = static_cast<int64_t>(std::min(common, tokens.empty() ? size_t{0} : tokens.size() - 1));
+  if (keep < static_cast<int64_t>(tokens_.size())) {
+    // Roll back: restore the latest snapshot at or before `keep` (or start over).
+    int64_t from = 0;
+    if (I.state->supports_snapshots() && !I.snapshots.empty()) {
+      size_t idx = std::min(static_cast<size_t>(keep / kSnapshotInterval), I.snapshots.size() - 1);
+      I.snapshots.resize(idx + 1);
+      if (idx == 0) I.state->reset();
+      else I.state->restore(*I.snapshots[idx]);
+      from = static_cast<int64_t>(idx) * kSnapshotInterval;
+    } else {
+      I.state->reset();
+      I.snapshots.clear();
+    }
+    keep = from;
+  }
+  if (I.snapshots.empty() && I.state->supports_snapshots()) I.snapshots.push_back(I.state->snapshot());
+  tokens_ = tokens;
+  I.logits_valid = false;
+  run_or_reset(keep);
+}
+
+// A failure mid-forward leaves the state inconsistent with tokens_: start the session over rather than keep it.
+void Session::run_or_reset(int64_t from) {
+  try {
+    run(from);
+  } catch (...) {
+    impl_->state->reset();
+    impl_->snapshots.clear();
+    impl_->logits_valid = false;
+    tokens_.clear();
+    throw;
+  }
+}
+
+void Session::append(int32_t token) {
+  if (static_cast<int64_t>(tokens_.size()) + 1 > max_context())
+    fail("context full: ", tokens_.size() + 1, " tokens exceed the session's max context ", max_context());
+  if (token < 0 || token >= impl_->engine.info().vocab_size) fail("token id ", token, " is out of range");
+  if (!tokens_.empty() && !impl_->logits_valid) fail("append() after a failed sync");
+  tokens_.push_back(token);
+  run_or_reset(static_cast<int64_t>(tokens_.size()) - 1);
+}
+
+}  // namespace dsv4

@@ -39,6 +39,6 @@ else
   ./build/dsv4 --version
   # The embedded default model: a small random DeepSeek-V4 (official FP8 + FP4 layout, the real V4 vocabulary and
   # tokenizer), generated deterministically on first use rather than committed.
-  [ -f models/default/model.safetensors ] || ./build/dsv4 make-tiny models/default --format fp8 --vocab 129280 --seed 1
+  [ -f models/default/model.safetensors ] || ./build/dsv4 make-tiny --out models/default --seed 1
   ./build/dsv4 inspect models/default
 fi

@@ -10,7 +10,7 @@ struct TinySpec {
   std::string format = "fp8";    // bf16 | fp8 (FP8 E8M0 + MXFP4 experts) | base (FP8 F32 scales, FP8 experts) |
                                  // nvfp4 (fp8 + NVFP4 routed experts). The HF layout comes from tools/oracle.
   std::string schedule = "flash";  // flash (SWA, SWA, CSA/HCA...) | pro (HCA, HCA, CSA/HCA...)
-  int64_t vocab = 512;
+  int64_t vocab = 129280;  // the real V4 vocabulary (so the real tokenizer applies)
   int layers = 4;
   uint64_t seed = 1;
   bool with_mtp = true;

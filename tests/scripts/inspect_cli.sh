@@ -8,7 +8,7 @@ ok() { echo "ok: $*"; }
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 for f in bf16 fp8 base nvfp4; do
-  "$bin" make-tiny "$tmp/$f" --format "$f" >/dev/null || { bad "make-tiny $f"; continue; }
+  "$bin" make-tiny --out "$tmp/$f" --vocab 512 --format "$f" >/dev/null || { bad "make-tiny $f"; continue; }
   out=$("$bin" inspect "$tmp/$f" 2>&1); rc=$?
   [ $rc -eq 0 ] || { bad "inspect $f exit $rc: $out"; continue; }
   for want in "layer schedule" "CSA ratio 4" "HCA ratio 16" "hash routing" "score routing" "total tensor bytes" \

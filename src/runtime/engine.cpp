@@ -26,6 +26,7 @@ std::unique_ptr<Session> Engine::new_session() { return std::unique_ptr<Session>
 
 // Snapshots every kSnapshotInterval tokens bound the recomputation of a rollback to that many tokens.
 static constexpr int64_t kSnapshotInterval = 64;
+static constexpr int64_t kTailBack = 16;
 
 struct Session::Impl {
   Engine& engine;
@@ -35,6 +36,10 @@ struct Session::Impl {
   bool logits_valid = false;
   // snapshots[i] holds the state after i * kSnapshotInterval tokens (index 0 = empty, i.e. reset()).
   std::vector<std::unique_ptr<StateSnapshot>> snapshots;
+  // One more snapshot kTailBack tokens before the end of the last synced sequence: a chat turn re-rendered with
+  // its reasoning dropped diverges just before the previous generation prompt, so this makes the rollback cheap.
+  std::unique_ptr<StateSnapshot> tail;
+  int64_t tail_pos = -1;
   Impl(Engine& e)
       : engine(e),
         state(e.model().backend().new_sequence(e.options().max_context)),
@@ -58,14 +63,21 @@ void Session::run(int64_t from) {
   const int chunk = I.fwd.max_chunk();
   const bool snaps = I.state->supports_snapshots();
   int64_t p = from;
+  const int64_t tail_at = n - kTailBack;
   while (p < n) {
-    // Chunks end at snapshot boundaries so that snapshots land exactly on multiples of the interval.
+    // Chunks end at snapshot boundaries so that snapshots land exactly on multiples of the interval (and on the
+    // tail position).
     int64_t next_snap = (p / kSnapshotInterval + 1) * kSnapshotInterval;
+    if (snaps && tail_at > p && tail_at % kSnapshotInterval != 0) next_snap = std::min(next_snap, tail_at);
     int64_t end = std::min({n, p + chunk, snaps ? next_snap : n});
     I.fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
     p = end;
     if (snaps && p % kSnapshotInterval == 0 && static_cast<size_t>(p / kSnapshotInterval) == I.snapshots.size())
       I.snapshots.push_back(I.state->snapshot());
+    if (snaps && p == tail_at && p % kSnapshotInterval != 0) {
+      I.tail = I.state->snapshot();
+      I.tail_pos = p;
+    }
   }
   last_computed_ = n - from;
   I.logits_valid = n > 0;
@@ -86,18 +98,25 @@ void Session::sync(const std::vector<int32_t>& tokens) {
   // Keep state for tokens[0..keep); the last token is always recomputed so that its logits exist.
   int64_t keep = static_cast<int64_t>(std::min(common, tokens.empty() ? size_t{0} : tokens.size() - 1));
   if (keep < static_cast<int64_t>(tokens_.size())) {
-    // Roll back: restore the latest snapshot at or before `keep` (or start over).
+    // Roll back: restore the latest snapshot at or before `keep` (a regular one or the tail one), or start over.
     int64_t from = 0;
     if (I.state->supports_snapshots() && !I.snapshots.empty()) {
       size_t idx = std::min(static_cast<size_t>(keep / kSnapshotInterval), I.snapshots.size() - 1);
-      I.snapshots.resize(idx + 1);
-      if (idx == 0) I.state->reset();
-      else I.state->restore(*I.snapshots[idx]);
       from = static_cast<int64_t>(idx) * kSnapshotInterval;
+      if (I.tail && I.tail_pos <= keep && I.tail_pos > from) {
+        I.state->restore(*I.tail);
+        from = I.tail_pos;
+      } else if (idx == 0) {
+        I.state->reset();
+      } else {
+        I.state->restore(*I.snapshots[idx]);
+      }
+      I.snapshots.resize(idx + 1);  // regular snapshots past `from` describe tokens that are going away
     } else {
       I.state->reset();
       I.snapshots.clear();
     }
+    if (I.tail_pos > from) I.tail.reset(), I.tail_pos = -1;  // describes tokens past the kept prefix
     keep = from;
   }
   if (I.snapshots.empty() && I.state->supports_snapshots()) I.snapshots.push_back(I.state->snapshot());

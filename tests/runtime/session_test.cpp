@@ -56,6 +56,15 @@ TEST(Session, PrefixReuseIsBitExact) {
         auto wantA = fresh_logits(ids);
         ASSERT_EQ(std::memcmp(s->logits().data(), wantA.data(), wantA.size() * 4), 0) << name << " back from " << cut;
       }
+      // A divergence near the end of the last synced sequence (a chat turn re-rendered with its reasoning
+      // dropped) restores the tail snapshot 16 tokens before that end instead of the last 64-token one.
+      s->sync(ids);
+      std::vector<int32_t> near_end = prefix(ids, ids.size() - 6);
+      near_end.push_back((ids[ids.size() - 6] + 1) % 200 + 2);
+      s->sync(near_end);
+      EXPECT_LE(s->last_computed(), 11) << "tail snapshot not used";
+      auto want_ne = fresh_logits(near_end);
+      EXPECT_EQ(std::memcmp(s->logits().data(), want_ne.data(), want_ne.size() * 4), 0);
       // Prefix of the current tokens (the session must recompute the last kept token's logits).
       s->sync(prefix(ids, 40));
       auto want40 = fresh_logits(prefix(ids, 40));

@@ -1,0 +1,76 @@
+#pragma once
+// The model/sampling flags shared by `dsv4 run` and `dsv4 chat`, and what they load.
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "dsv4/engine.h"
+#include "runtime/generation.h"
+#include "text/chat_encoder.h"
+#include "text/tokenizer.h"
+
+namespace dsv4::cli {
+
+struct Loaded {
+  std::unique_ptr<Engine> engine;
+  text::Tokenizer tokenizer;
+};
+
+struct GenerationFlags {
+  std::string model, mode = "thinking", effort, backend = "cpu", numerics = "reference";
+  int max_tokens = 256;
+  int64_t max_context = 4096;
+  SamplingParams s;
+  std::vector<std::string> stop;
+
+  void add_to(CLI::App& app) {
+    app.add_option("--model", model, "model directory (config.json, safetensors, tokenizer.json)")->required();
+    app.add_option("--mode", mode, "thinking|chat")->check(CLI::IsMember({"thinking", "chat"}));
+    app.add_option("--reasoning-effort", effort, "high|max")->check(CLI::IsMember({"high", "max"}));
+    app.add_option("--max-tokens", max_tokens, "completion token limit")->check(CLI::NonNegativeNumber);
+    app.add_option("--temperature", s.temperature, "0 = greedy (default 1.0, the model's generation_config)");
+    app.add_option("--top-p", s.top_p, "nucleus sampling mass (default 1.0)");
+    app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)");
+    app.add_option("--min-p", s.min_p, "drop tokens below min_p * p(top)");
+    app.add_option("--repetition-penalty", s.repetition_penalty, "CTRL-style repetition penalty");
+    app.add_option("--presence-penalty", s.presence_penalty, "OpenAI presence penalty");
+    app.add_option("--frequency-penalty", s.frequency_penalty, "OpenAI frequency penalty");
+    app.add_option("--seed", s.seed, "sampling seed (same seed -> same output)");
+    app.add_option("--stop", stop, "stop string (answer content only; repeatable)");
+    app.add_option("--backend", backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
+    app.add_option("--max-context", max_context, "tokens of state per session (sized up front)")->check(CLI::PositiveNumber);
+  }
+
+  Loaded load() const {
+    EngineOptions o;
+    o.model_dir = model;
+    o.backend = backend;
+    o.numerics = numerics;
+    o.max_context = max_context;
+    Loaded l{Engine::load(o), text::Tokenizer::from_file(model + "/tokenizer.json")};
+    if (l.tokenizer.vocab_size() > l.engine->info().vocab_size)
+      fail(model, "/tokenizer.json has ", l.tokenizer.vocab_size(), " ids but the model's vocabulary is ",
+           l.engine->info().vocab_size);
+    return l;
+  }
+
+  text::ChatOptions chat_options() const {
+    text::ChatOptions c;
+    c.mode = mode == "chat" ? text::ThinkingMode::kChat : text::ThinkingMode::kThinking;
+    if (!effort.empty()) c.reasoning_effort = effort;
+    return c;
+  }
+
+  GenerationRequest request() const {
+    GenerationRequest r;
+    r.mode = chat_options().mode;
+    r.max_tokens = max_tokens;
+    r.sampling = s;
+    r.stop = stop;
+    return r;
+  }
+};
+
+}  // namespace dsv4::cli

@@ -41,4 +41,7 @@ else
   # tokenizer), generated deterministically on first use rather than committed.
   [ -f models/default/model.safetensors ] || ./build/dsv4 make-tiny --out models/default --seed 1
   ./build/dsv4 inspect models/default
+  # Random weights: the text is meaningless; the run proves the whole path (encode, prefill, sample, parse, stream).
+  ./build/dsv4 run --model models/default --mode thinking --max-tokens 64 --seed 1 \
+    --prompt "What is the capital of France? Answer in one word."
 fi

@@ -40,8 +40,9 @@ class ScratchDir {
 // 8-byte little-endian length + header text + data, exactly as given (no padding, no checks).
 inline std::vector<uint8_t> raw_safetensors(const std::string& header, const std::vector<uint8_t>& data,
                                             uint64_t declared_len) {
-  std::vector<uint8_t> out(8);
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(declared_len >> (8 * i));
+  std::vector<uint8_t> out;
+  out.reserve(8 + header.size() + data.size());  // reserving first also avoids a GCC 12 -Warray-bounds false positive
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(declared_len >> (8 * i)));
   out.insert(out.end(), header.begin(), header.end());
   out.insert(out.end(), data.begin(), data.end());
   return out;

@@ -77,7 +77,7 @@ cat "$OUT/bench.log" >> "$SUMMARY"
 
 # Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
 step build_all 120 cmake --build "$BUILD" -j16
-step ctest 100 ctest --test-dir "$BUILD" -j16 --timeout 90 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
+step ctest 240 ctest --test-dir "$BUILD" -j16 --timeout 200 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
 grep -E "tests passed|tests failed" "$OUT/ctest.log" >> "$SUMMARY"
 
 # compute-sanitizer (memcheck) on the cheaper op tests.

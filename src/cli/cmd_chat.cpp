@@ -10,6 +10,8 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
+#include "cli/stream_printer.h"
 #include "cli/generation_options.h"
 #include "core/error.h"
 #include "runtime/generation.h"
@@ -32,12 +34,7 @@ int cmd_chat(const std::vector<std::string>& args) {
   std::string system;
   f.add_to(app);
   app.add_option("--system", system, "system message");
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   auto ctx = f.load();
   auto session = ctx.engine->new_session();
   const bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
@@ -95,24 +92,12 @@ int cmd_chat(const std::vector<std::string>& args) {
     dsv4::GenerationRequest req = f.request();
     try {
       req.prompt_ids = ctx.tokenizer.encode(dsv4::text::encode_chat(msgs, f.chat_options()));
-      bool in_reasoning = false;
+      dsv4::cli::StreamPrinter printer(tty);
       dsv4::GenerationCallbacks cb;
       cb.cancelled = [] { return g_interrupted.load(); };
-      cb.on_delta = [&](const dsv4::text::CompletionDelta& d) {
-        if (!d.reasoning.empty()) {
-          if (!in_reasoning && tty) std::fputs("\x1b[2m", stdout);
-          in_reasoning = true;
-          std::fputs(d.reasoning.c_str(), stdout);
-        }
-        if (!d.content.empty()) {
-          if (in_reasoning) std::fputs(tty ? "\x1b[0m\n" : "\n", stdout), in_reasoning = false;
-          std::fputs(d.content.c_str(), stdout);
-        }
-        std::fflush(stdout);
-      };
+      cb.on_delta = [&](const dsv4::text::CompletionDelta& d) { printer(d); };
       dsv4::GenerationResult r = dsv4::generate(*session, ctx.tokenizer, req, cb);
-      if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
-      std::fputs("\n", stdout);
+      printer.finish();
       PyJson reply = message("assistant", r.parsed.content);
       if (!r.parsed.reasoning_content.empty()) reply.set("reasoning_content", PyJson::string(r.parsed.reasoning_content));
       history.push_back(reply);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "cli/text_cli_util.h"
 #include "core/error.h"
 #include "text/tokenizer.h"
@@ -21,12 +22,7 @@ int cmd_detokenize(const std::vector<std::string>& args) {
   auto* o_jsonl = app.add_option("--jsonl", jsonl, "file with one JSON id array per line");
   o_ids->excludes(o_jsonl);
   app.add_flag("--skip-special", skip_special, "drop added tokens flagged special");
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   if (!*o_ids && !*o_jsonl) {
     std::fprintf(stderr, "dsv4 detokenize: --ids or --jsonl is required\n");
     return 2;

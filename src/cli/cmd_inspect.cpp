@@ -6,6 +6,7 @@
 #include "checkpoint/config.h"
 #include "checkpoint/safetensors.h"
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "model/model_weights.h"
 
 namespace {
@@ -21,12 +22,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   CLI::App app{"Print dims, layer schedule, storage formats and memory of a checkpoint", "dsv4 inspect"};
   std::string dir;
   app.add_option("MODEL_DIR", dir, "model directory (config.json + safetensors)")->required();
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   using namespace dsv4;
   ModelConfig c = load_model_config(dir + "/config.json");
   ckpt::Checkpoint ck = ckpt::Checkpoint::open(dir);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/backend_factory.h"
@@ -32,12 +33,7 @@ int cmd_logits(const std::vector<std::string>& args) {
   app.add_option("--chunk", chunk, "prefill chunk size (1 = pure decode); default: whole sequence")->check(CLI::PositiveNumber);
   app.add_option("--backend", backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   std::vector<int32_t> ids = read_ids(ids_path);
   dsv4::Model m(model, dsv4::make_backend(backend), dsv4::parse_numerics(numerics));
   const auto& cfg = m.config();

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "core/error.h"
 #include "model/tiny_model.h"
 
@@ -22,12 +23,7 @@ int cmd_make_tiny(const std::vector<std::string>& args) {
   app.add_option("--vocab", sp.vocab, "vocabulary size")->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
   app.add_option("--layers", sp.layers, "main layers")->check(CLI::Range(2, 64));
   app.add_option("--seed", sp.seed, "random seed");
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   dsv4::write_tiny_model(dir, sp);
   // The real V4 tokenizer, when the vocabulary matches it (129280 ids incl. added tokens).
   if (sp.vocab == 129280) {

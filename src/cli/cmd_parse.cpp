@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "cli/text_cli_util.h"
 #include "core/error.h"
 #include "text/completion_parser.h"
@@ -24,12 +25,7 @@ int cmd_parse(const std::vector<std::string>& args) {
   auto* o_text = app.add_option("--text", text, "completion text");
   auto* o_file = app.add_option("--text-file", text_file, "file holding the completion text");
   o_text->excludes(o_file);
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   if (!*o_text && !*o_file) {
     std::fprintf(stderr, "dsv4 parse: --text or --text-file is required\n");
     return 2;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "cli/text_cli_util.h"
 #include "core/error.h"
 #include "text/chat_request.h"
@@ -20,12 +21,7 @@ int cmd_render(const std::vector<std::string>& args) {
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json (needed for --ids)");
   app.add_option("--request", request, "request JSON file, or inline JSON starting with '{'")->required();
   app.add_flag("--ids", ids, "print the prompt's token ids (whole-string tokenization) instead of the text");
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   const std::size_t first = request.find_first_not_of(" \t\r\n");
   const std::string json =
       first != std::string::npos && request[first] == '{' ? request : dsv4::cli::read_file_bytes(request);

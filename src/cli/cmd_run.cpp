@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
+#include "cli/stream_printer.h"
 #include "cli/generation_options.h"
 #include "core/error.h"
 #include "runtime/generation.h"
@@ -25,12 +27,7 @@ int cmd_run(const std::vector<std::string>& args) {
   app.add_option("--prompt", prompt, "the user message")->required();
   app.add_option("--system", system, "system message");
   app.add_option("--output-format", output_format, "text|json")->check(CLI::IsMember({"text", "json"}));
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   auto ctx = f.load();
   dsv4::text::PyJson msgs = dsv4::text::PyJson::array();
   if (!system.empty())
@@ -43,27 +40,9 @@ int cmd_run(const std::vector<std::string>& args) {
   auto session = ctx.engine->new_session();
 
   const bool json_out = output_format == "json";
-  const bool tty = isatty(STDOUT_FILENO);
-  bool in_reasoning = false;
+  dsv4::cli::StreamPrinter printer(isatty(STDOUT_FILENO));
   dsv4::GenerationCallbacks cb;
-  if (!json_out) {
-    cb.on_delta = [&](const dsv4::text::CompletionDelta& d) {
-      if (!d.reasoning.empty()) {
-        if (!in_reasoning && tty) std::fputs("\x1b[2m", stdout);  // reasoning: dim
-        in_reasoning = true;
-        std::fputs(d.reasoning.c_str(), stdout);
-      }
-      if (!d.content.empty() || !d.tool_calls.empty()) {
-        if (in_reasoning) {
-          std::fputs(tty ? "\x1b[0m\n" : "\n", stdout);
-          in_reasoning = false;
-        }
-        std::fputs(d.content.c_str(), stdout);
-        for (const auto& tc : d.tool_calls) std::printf("\n[tool call] %s(%s)\n", tc.name.c_str(), tc.arguments.c_str());
-      }
-      std::fflush(stdout);
-    };
-  }
+  if (!json_out) cb.on_delta = [&](const dsv4::text::CompletionDelta& d) { printer(d); };
   dsv4::GenerationResult r = dsv4::generate(*session, ctx.tokenizer, req, cb);
   const auto& t = r.timings;
   if (json_out) {
@@ -81,8 +60,7 @@ int cmd_run(const std::vector<std::string>& args) {
                            {"prefill_tok_s", t.prefill_tok_s()}, {"decode_tok_s", t.decode_tok_s()}}}};
     std::printf("%s\n", o.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   } else {
-    if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
-    std::fputs("\n", stdout);
+    printer.finish();
   }
   std::fprintf(stderr, "[dsv4] prompt %lld tok, generated %lld tok (%s), ttft %.3f s, prefill %.1f tok/s, decode %.1f tok/s\n",
                (long long)t.prompt_tokens, (long long)t.generated_tokens, r.finish_reason.c_str(), t.ttft_s,

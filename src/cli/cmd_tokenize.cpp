@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "cli/text_cli_util.h"
 #include "core/error.h"
 #include "text/tokenizer.h"
@@ -75,12 +76,7 @@ int cmd_tokenize(const std::vector<std::string>& args) {
   o_file->excludes(o_jsonl);
   app.add_flag("--bench", bench, "time encoding (single thread, best of --repeat) and print a JSON report");
   app.add_option("--repeat", repeat, "benchmark repetitions")->check(CLI::Range(1, 100));
-  std::vector<std::string> rev(args.rbegin(), args.rend());
-  try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   if (!*o_text && !*o_file && !*o_jsonl) {
     std::fprintf(stderr, "dsv4 tokenize: one of --text, --text-file, --jsonl is required\n");
     return 2;

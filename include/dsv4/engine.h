@@ -61,6 +61,8 @@ class Session {
   int64_t max_context() const;
   // Tokens actually recomputed by the last sync()/append() (prefix reuse observability for tests and stats).
   int64_t last_computed() const { return last_computed_; }
+  // Called after each prefill chunk with (tokens done, tokens to do) of the running sync(); for progress bars.
+  void set_progress(std::function<void(int64_t, int64_t)> fn) { progress_ = std::move(fn); }
 
  private:
   friend class Engine;
@@ -71,6 +73,7 @@ class Session {
   std::unique_ptr<Impl> impl_;
   std::vector<int32_t> tokens_;
   int64_t last_computed_ = 0;
+  std::function<void(int64_t, int64_t)> progress_;
 };
 
 struct SamplingParams {

@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/parse_args.h"
+#include "cli/progress.h"
 #include "cli/stream_printer.h"
 #include "cli/generation_options.h"
 #include "core/error.h"
@@ -37,6 +38,8 @@ int cmd_chat(const std::vector<std::string>& args) {
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   auto ctx = f.load();
   auto session = ctx.engine->new_session();
+  dsv4::cli::ProgressBar prefill_bar("prefill");
+  session->set_progress([&](int64_t done, int64_t total) { prefill_bar.update(done, total); });
   const bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
   struct sigaction sa {};
   sa.sa_handler = on_sigint;

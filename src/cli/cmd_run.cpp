@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/parse_args.h"
+#include "cli/progress.h"
 #include "cli/stream_printer.h"
 #include "cli/generation_options.h"
 #include "core/error.h"
@@ -38,6 +39,8 @@ int cmd_run(const std::vector<std::string>& args) {
   dsv4::GenerationRequest req = f.request();
   req.prompt_ids = ctx.tokenizer.encode(dsv4::text::encode_chat(msgs, f.chat_options()));
   auto session = ctx.engine->new_session();
+  dsv4::cli::ProgressBar prefill_bar("prefill");
+  session->set_progress([&](int64_t done, int64_t total) { prefill_bar.update(done, total); });
 
   const bool json_out = output_format == "json";
   dsv4::cli::StreamPrinter printer(isatty(STDOUT_FILENO));

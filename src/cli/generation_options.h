@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/progress.h"
 #include "core/error.h"
 #include "dsv4/engine.h"
 #include "runtime/generation.h"
@@ -49,7 +50,10 @@ struct GenerationFlags {
     o.backend = backend;
     o.numerics = numerics;
     o.max_context = max_context;
+    ProgressBar bar("loading");
+    bar.message(("loading " + model + " ...").c_str());  // weights are mmapped, then prepared by the backend
     Loaded l{Engine::load(o), text::Tokenizer::from_file(model + "/tokenizer.json")};
+    bar.clear();
     if (l.tokenizer.vocab_size() > l.engine->info().vocab_size)
       fail(model, "/tokenizer.json has ", l.tokenizer.vocab_size(), " ids but the model's vocabulary is ",
            l.engine->info().vocab_size);

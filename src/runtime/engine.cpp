@@ -72,6 +72,7 @@ void Session::run(int64_t from) {
     int64_t end = std::min({n, p + chunk, snaps ? next_snap : n});
     I.fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
     p = end;
+    if (progress_ && n - from > 1) progress_(p - from, n - from);
     if (snaps && p % kSnapshotInterval == 0 && static_cast<size_t>(p / kSnapshotInterval) == I.snapshots.size())
       I.snapshots.push_back(I.state->snapshot());
     if (snaps && p == tail_at && p % kSnapshotInterval != 0) {

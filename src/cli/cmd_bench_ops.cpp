@@ -194,9 +194,9 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     a.q = q, a.kv = kv, a.ring = ring, a.comp = comp, a.topk = topk, a.sink = sinkw, a.n = 1, a.H = H, a.window = W;
     a.topk_k = K, a.ratio = ratio, a.kind = 1, a.D = D, a.pos0 = pos0, a.n_comp = ncomp, a.official = true;
     a.max_rows = cu::attend_max_rows(W, 1, K, pos0 + 1, ratio);
-    a.scratch = dev.f32(size_t(H) * a.max_rows, 0.0f), a.o = dev.f32(size_t(H) * D, 0.0f), a.err = err;
+    a.scratch = dev.f32(size_t(cu::attend_scratch_floats(1, H, D, a.max_rows)), 0.0f), a.o = dev.f32(size_t(H) * D, 0.0f), a.err = err;
     const double us = time_us([&](int) { cu::attend(a, nullptr); }, reps);
-    rows.push_back({"attention (fp32 KV)", "64h x 512, 128 win + 512 topk", 4.0 * (W + K) * D + 8.0 * H * D, us});
+    rows.push_back({"attention split-KV (fp32 KV)", "64h x 512, 128 win + 512 topk", 4.0 * (W + K) * D + 8.0 * H * D, us});
   }
 
   // Indexer: 64 heads x 128 over 4096 keys (fp32 keys), top-512.
@@ -209,9 +209,14 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     float* sc = dev.f32(size_t(nkeys), 0.0f);
     auto* topk = static_cast<int32_t*>(dev.alloc(4 * K, 0));
     const double us_s = time_us([&](int) { cu::indexer_scores(q, w, keys, 1, Hi, Di, pos0, ratio, nkeys, true, sc, nkeys, nullptr); }, reps);
+    // Top-k on distinct pseudo-random scores (the constant inputs above would make every score tie).
+    std::vector<float> hs(static_cast<size_t>(nkeys));
+    uint32_t st = 12345u;
+    for (auto& v : hs) st = st * 1664525u + 1013904223u, v = static_cast<float>(st >> 8) * 1e-6f;
+    DSV4_CU(cudaMemcpy(sc, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
     const double us_k = time_us([&](int) { cu::topk_rows(sc, 1, nkeys, pos0, ratio, K, topk, nullptr); }, reps);
     rows.push_back({"indexer scores (fp32 keys)", "64x128 over 4096 keys", 4.0 * nkeys * Di, us_s});
-    rows.push_back({"indexer top-512 (rank select)", "4096 scores", 4.0 * nkeys, us_k});
+    rows.push_back({"indexer top-512 (radix select)", "4096 scores", 4.0 * nkeys, us_k});
   }
 
   // mHC pre (mix GEMV + Sinkhorn + collapse + RMSNorm) and post, hc=4, d=4096, one token.
@@ -228,7 +233,7 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     float* comb = dev.f32(hc * hc, 0.0f);
     cu::HcPreArgs a;
     a.X = X, a.n = 1, a.hc = hc, a.d = d, a.fn = fn, a.base = base, a.scale = scale, a.norm_w = nw, a.official = true;
-    a.x = x, a.post = post, a.comb = comb;
+    a.x = x, a.post = post, a.comb = comb, a.partial = dev.f32(size_t(cu::hc_pre_scratch_floats(1, hc, d)), 0.0f);
     const double us_pre = time_us([&](int) { cu::hc_pre(a, nullptr); }, reps);
     const double us_post = time_us([&](int) { cu::hc_post(x, post, comb, 1, hc, d, true, X, nullptr); }, reps);
     rows.push_back({"mhc pre (mix+sinkhorn+norm)", "hc=4 d=4096", 4.0 * (24 * hc * d + hc * d + d), us_pre});

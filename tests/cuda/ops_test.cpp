@@ -128,6 +128,14 @@ std::unique_ptr<HostLinear> make_linear(WeightFormat fmt, int64_t out, int64_t i
     for (auto& b : s) b = static_cast<uint8_t>(sc(g));
     h->w = std::make_unique<HostTensor>("w", ckpt::DType::F8_E4M3, vector<int64_t>{out, in}, std::move(w));
     h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{ro, co}, std::move(s));
+  } else if (fmt == WeightFormat::BF16) {
+    vector<uint8_t> w(static_cast<size_t>(out * in * 2));
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (int64_t i = 0; i < out * in; ++i) {
+      const uint16_t b = num::encode_bf16(nd(g));
+      std::memcpy(w.data() + 2 * i, &b, 2);
+    }
+    h->w = std::make_unique<HostTensor>("w", ckpt::DType::BF16, vector<int64_t>{out, in}, std::move(w));
   } else {
     vector<uint8_t> w(static_cast<size_t>(out * in / 2));
     for (auto& b : w) b = static_cast<uint8_t>(g());
@@ -137,7 +145,7 @@ std::unique_ptr<HostLinear> make_linear(WeightFormat fmt, int64_t out, int64_t i
     h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{out, in / 32}, std::move(s));
   }
   h->ref.weight = &h->w->v;
-  h->ref.scale = &h->s->v;
+  h->ref.scale = h->s ? &h->s->v : nullptr;
   h->deq.resize(static_cast<size_t>(out * in));
   dequantize_rows(h->ref, 0, out, h->deq.data());
   return h;
@@ -153,9 +161,9 @@ void qa8_host(float* x, int64_t n, int64_t len) {
 }
 
 // ---- FP8 block-scaled linear (decode GEMV and small prefill), both numerics --------------------------------------
-void run_linear(int64_t out, int64_t in, int n, bool official) {
+void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt = WeightFormat::FP8_E8M0) {
   std::mt19937 g(static_cast<unsigned>(out * 31 + in + n));
-  auto L = make_linear(WeightFormat::FP8_E8M0, out, in, g);
+  auto L = make_linear(fmt, out, in, g);
   vector<float> x = randn(static_cast<size_t>(n * in), g);
   vector<float> xr = x;
   if (official) qa8_host(xr.data(), n, in);
@@ -172,7 +180,7 @@ void run_linear(int64_t out, int64_t in, int n, bool official) {
   cu::LinearArgs a;
   a.x = xin, a.ldx = in, a.n = n, a.y = dy.p, a.ldy = out, a.round_bf16 = official;
   cu::linear(W, a, nullptr);
-  expect_close(dy.get(), ref, official, ("fp8 linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
+  expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
   // QA8 itself must be bit-exact (it is a pure function of each 128-block).
   if (official) {
     auto q = dq.get();
@@ -189,6 +197,17 @@ TEST(CudaOps, Fp8LinearWqaShape) {
 }
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
+}
+// The vectorised GEMV's other formats and K splits (2048 rows: 2 slices; 1000x80: partial row groups, 5 chunks), and
+// the per-element kernel for a width that is not whole 16-byte chunks (FP8 K = 200).
+TEST(CudaOps, LinearFormatsAndSplits) {
+  run_linear(2048, 4096, 1, false, WeightFormat::BF16);
+  run_linear(1000, 4096, 3, false, WeightFormat::BF16);
+  run_linear(4096, 2048, 1, false, WeightFormat::MXFP4);
+  run_linear(1000, 1024, 2, true, WeightFormat::MXFP4);
+  run_linear(2048, 4096, 1, true);
+  run_linear(1000, 80 * 16, 6, false);
+  run_linear(300, 200, 2, false);
 }
 TEST(CudaOps, Fp8LinearGroupedWoA) {
   // wo_a: 8 groups x 1024 rows, each group reading its own 4096-slice of the 64 x 512 attention output (plain dot).
@@ -311,16 +330,19 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) {
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
 }
 
-// ---- sparse attention with sink: 128-window + 512 top-k of 512 dims, 64 heads ------------------------------------
-TEST(CudaOps, AttentionWindowPlusTopk) {
-  std::mt19937 g(3);
-  const int H = 64, W = 128, K = 512, n = 3, ratio = 4;
-  const int64_t D = 512, pos0 = 4093, ncomp = (pos0 + n) / ratio;
+// ---- sparse attention with sink: window + top-k (CSA) or all compressed entries (HCA), split-KV on the GPU -------
+// kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible
+// entry at a long context (many chunks, the last ones partly empty for the earlier queries); odd head counts exercise
+// partial head groups.
+void run_attention(int kind, int H, int64_t pos0, int n, int ratio) {
+  std::mt19937 g(static_cast<unsigned>(3 + kind * 100 + H));
+  const int W = 128, K = kind == 1 ? 512 : 0;
+  const int64_t D = 512, ncomp = (pos0 + n) / ratio;
   vector<float> q = randn(static_cast<size_t>(n * H * D), g), kv = randn(static_cast<size_t>(n * D), g),
                 ring = randn(static_cast<size_t>(W * D), g), comp = randn(static_cast<size_t>(ncomp * D), g),
                 sink = randn(H, g);
-  vector<int32_t> topk(static_cast<size_t>(n * K));
-  for (int i = 0; i < n; ++i) {
+  vector<int32_t> topk(static_cast<size_t>(std::max(1, n * K)), -1);
+  for (int i = 0; i < n && kind == 1; ++i) {
     const int64_t vis = (pos0 + i + 1) / ratio;
     for (int j = 0; j < K; ++j) topk[i * K + j] = j % 50 == 49 ? -1 : static_cast<int32_t>((j * 7919 + i) % vis);
   }
@@ -332,8 +354,11 @@ TEST(CudaOps, AttentionWindowPlusTopk) {
       vector<const float*> rows;
       for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p)
         rows.push_back(p >= pos0 ? kv.data() + (p - pos0) * D : ring.data() + (p % W) * D);
-      for (int j = 0; j < K; ++j)
-        if (topk[i * K + j] >= 0) rows.push_back(comp.data() + topk[i * K + j] * D);
+      if (kind == 1)
+        for (int j = 0; j < K; ++j)
+          if (topk[i * K + j] >= 0) rows.push_back(comp.data() + topk[i * K + j] * D);
+      if (kind == 2)
+        for (int64_t c = 0; c < (t + 1) / ratio; ++c) rows.push_back(comp.data() + c * D);
       for (int h = 0; h < H; ++h) {
         const float* qh = q.data() + (i * H + h) * D;
         vector<float> s(rows.size());
@@ -352,16 +377,63 @@ TEST(CudaOps, AttentionWindowPlusTopk) {
     }
     DBuf<float> dq(q), dkv(kv), dring(ring), dcomp(comp), dsink(sink), dout(ref.size());
     DBuf<int32_t> dtopk(topk), derr(1);
+    cu::fill_f32(dout.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);  // poison: every output written
     cu::AttendArgs a;
     a.q = dq.p, a.kv = dkv.p, a.ring = dring.p, a.comp = dcomp.p, a.topk = dtopk.p, a.sink = dsink.p;
-    a.n = n, a.H = H, a.window = W, a.topk_k = K, a.ratio = ratio, a.kind = 1, a.D = D, a.pos0 = pos0, a.n_comp = ncomp;
+    a.n = n, a.H = H, a.window = W, a.topk_k = K, a.ratio = ratio, a.kind = kind, a.D = D, a.pos0 = pos0, a.n_comp = ncomp;
     a.official = official;
-    a.max_rows = cu::attend_max_rows(W, 1, K, pos0 + n, ratio);
-    DBuf<float> scr(static_cast<size_t>(n * H * a.max_rows));
+    a.max_rows = cu::attend_max_rows(W, kind, K, pos0 + n, ratio);
+    DBuf<float> scr(static_cast<size_t>(cu::attend_scratch_floats(n, H, D, a.max_rows)));
     a.scratch = scr.p, a.o = dout.p, a.err = derr.p;
     cu::attend(a, nullptr);
-    expect_close(dout.get(), ref, official, "attention 64h x (128 win + 512 topk)");
+    const std::string what = std::string("attention ") + std::to_string(H) + "h " + (kind == 1 ? "win+topk" : "win+HCA") +
+                             " n=" + std::to_string(n);
+    expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
+  }
+}
+
+TEST(CudaOps, AttentionWindowPlusTopk) { run_attention(1, 64, 4093, 3, 4); }
+TEST(CudaOps, AttentionHcaLongContext) {
+  run_attention(2, 64, 128 * 700 - 2, 2, 128);
+  run_attention(2, 20, 128 * 40 + 5, 3, 128);
+}
+
+// ---- top-k alone: exact order (score desc, lower index first on ties) against the CPU rule --------------------------
+// Scores drawn from few distinct values force long tie runs across the k boundary; rows longer than the shared-memory
+// cache take the uncached path; a row shorter than k pads with -1.
+TEST(CudaOps, TopkExactTies) {
+  std::mt19937 g(77);
+  struct Case {
+    int64_t ld;
+    int k, distinct;
+  };
+  for (const Case c : {Case{4096, 512, 7}, Case{4096, 512, 100000}, Case{70000, 512, 13}, Case{300, 512, 5}, Case{5000, 4, 3}}) {
+    const int n = 2, ratio = 4;
+    const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query 0 one fewer
+    std::uniform_int_distribution<int> pick(0, c.distinct - 1);
+    vector<float> sc(static_cast<size_t>(n * c.ld));
+    for (auto& v : sc) {
+      const int p = pick(g);
+      v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
+    }
+    DBuf<float> dsc(sc);
+    DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
+    cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
+    auto got = dtop.get();
+    for (int i = 0; i < n; ++i) {
+      const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
+      vector<int32_t> order(static_cast<size_t>(V));
+      std::iota(order.begin(), order.end(), 0);
+      const float* s = sc.data() + i * c.ld;
+      const int64_t kk = std::min<int64_t>(V, c.k);
+      std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                        [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+      vector<int32_t> want(order.begin(), order.begin() + kk);
+      want.resize(static_cast<size_t>(c.k), -1);
+      vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
+      EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), query " << i;
+    }
   }
 }
 
@@ -491,6 +563,8 @@ TEST(CudaOps, MhcPrePost) {
     a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
     a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p, a.post = dpost.p,
     a.comb = dcomb.p;
+    DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
+    a.partial = dpart.p;
     cu::hc_pre(a, nullptr);
     expect_close(dx.get(), xr, official, "mhc pre x (hc=4, d=4096)");
     expect_close(dpost.get(), postr, false, "mhc pre post");

@@ -3,8 +3,12 @@
 # op/model tests, runs `dsv4 logits --backend cuda` on each golden fixture against its golden logits, runs
 # compute-sanitizer on a small subset, and micro-benchmarks the kernels (`dsv4 bench-ops`). Logs and a summary go to
 # $OUT (default build-gpu/out). Exit status: non-zero if any step failed. Budget: < 7 minutes on one H200.
+# Knobs (environment): PREBUILT=DIR uses DIR/dsv4 and DIR/test_cuda built on the dev machine (carry them; saves the
+# ~3 min CUDA compile of device time) instead of configuring and building; SKIP_CTEST=1 skips the full build + CTest
+# (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
 BUILD=${BUILD:-$ROOT/build-gpu}
 OUT=${OUT:-$BUILD/out}
 mkdir -p "$OUT"
@@ -35,12 +39,24 @@ note "# dsv4 GPU check $(date -u +%Y-%m-%dT%H:%MZ), commit ${DSV4_COMMIT:-$(git 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 
 export DSV4_GPU_TESTS=1
-step configure 60 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release || { cat "$SUMMARY"; exit 1; }
-# The CUDA targets first, so that an unrelated build break elsewhere cannot hide the GPU results.
-step build 240 cmake --build "$BUILD" -j16 --target dsv4 test_cuda || { cat "$SUMMARY"; exit 1; }
-DSV4=$BUILD/dsv4
+if [ -n "${PREBUILT:-}" ]; then
+  BIN=$(cd "$PREBUILT" && pwd)
+  mkdir -p "$BUILD"
+  # The test binary has the dev machine's source dir compiled in (fixtures, make-tiny outputs under build-cuda):
+  # PREBUILT_SRC names it; when that path does not exist here, it is made a link to this checkout.
+  if [ -n "${PREBUILT_SRC:-}" ] && [ ! -e "$PREBUILT_SRC" ]; then
+    mkdir -p "$(dirname "$PREBUILT_SRC")" && ln -s "$ROOT" "$PREBUILT_SRC" && note "- linked $PREBUILT_SRC -> $ROOT"
+  fi
+  note "- prebuilt binaries from $PREBUILT"
+else
+  step configure 60 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release || { cat "$SUMMARY"; exit 1; }
+  # The CUDA targets first, so that an unrelated build break elsewhere cannot hide the GPU results.
+  step build 240 cmake --build "$BUILD" -j16 --target dsv4 test_cuda || { cat "$SUMMARY"; exit 1; }
+  BIN=$BUILD
+fi
+DSV4=$BIN/dsv4
 
-step test_cuda 150 "$BUILD/test_cuda"
+step test_cuda 150 "$BIN/test_cuda"
 grep -E '^\[(op|cuda-vs-cpu)\]|FAILED|PASSED' "$OUT/test_cuda.log" >> "$SUMMARY"
 
 # CUDA logits vs the golden (HF fp64) logits, reference numerics, chunk whole / 1 / 7.
@@ -76,14 +92,20 @@ step bench 60 "$DSV4" bench-ops --reps 30
 cat "$OUT/bench.log" >> "$SUMMARY"
 
 # Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
-step build_all 120 cmake --build "$BUILD" -j16
-step ctest 240 ctest --test-dir "$BUILD" -j16 --timeout 200 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
-grep -E "tests passed|tests failed" "$OUT/ctest.log" >> "$SUMMARY"
+if [ -z "${SKIP_CTEST:-}" ] && [ -z "${PREBUILT:-}" ]; then
+  step build_all 120 cmake --build "$BUILD" -j16
+  step ctest 240 ctest --test-dir "$BUILD" -j16 --timeout 200 --output-on-failure -E '^(CudaOps|Fixtures/CudaFixture|Formats/CudaTiny|CudaModel)\.'
+  grep -E "tests passed|tests failed" "$OUT/ctest.log" >> "$SUMMARY"
+else
+  note "- ctest: skipped (SKIP_CTEST or PREBUILT)"
+fi
 
 # compute-sanitizer (memcheck) on the cheaper op tests.
-if command -v compute-sanitizer > /dev/null; then
-  step sanitizer 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_cuda" \
-    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.Fp8LinearWqaShape'
+if [ -n "${SKIP_SANITIZER:-}" ]; then
+  note "- sanitizer: skipped (SKIP_SANITIZER)"
+elif command -v compute-sanitizer > /dev/null; then
+  step sanitizer 90 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/test_cuda" \
+    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits'
 else
   note "- sanitizer: compute-sanitizer not found"
 fi

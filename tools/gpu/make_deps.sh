@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .gpudeps/usr: a relocatable copy of the build dependencies the GPU image lacks (PCRE2 dev files, GoogleTest +
-# its CMake config, CLI11 headers), taken from this (Ubuntu x86-64) machine's system packages. Run once here, then run
+# its CMake config, CLI11 headers, and the runtime libraries of the server module), taken from this (Ubuntu x86-64) machine's system packages. Run once here, then run
 # tools/gpu/check.sh on the GPU machine with carry [".gpudeps"]. The folder is ignored via .git/info/exclude.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,6 +12,10 @@ rm -rf .gpudeps
 mkdir -p $D/include $D/lib/x86_64-linux-gnu/pkgconfig $D/lib/x86_64-linux-gnu/cmake
 cp -r /usr/include/CLI /usr/include/gtest /usr/include/gmock /usr/include/pcre2.h $D/include/
 cp -a $L/libpcre2-8.so* $L/libgtest*.a $L/libgmock*.a $D/lib/x86_64-linux-gnu/
+# Runtime libraries of the dsv4 binary's HTTP server module (for PREBUILT runs of check.sh; harmless otherwise).
+for lib in libcpp-httplib.so libbrotlidec.so libbrotlienc.so libbrotlicommon.so libssl.so.3 libcrypto.so.3; do
+  cp -a $L/$lib* $D/lib/x86_64-linux-gnu/ 2>/dev/null || true
+done
 cp -r $L/cmake/GTest $D/lib/x86_64-linux-gnu/cmake/
 sed 's|^prefix=/usr|prefix=${pcfiledir}/../../..|' $L/pkgconfig/libpcre2-8.pc > $D/lib/x86_64-linux-gnu/pkgconfig/libpcre2-8.pc
 du -sh .gpudeps

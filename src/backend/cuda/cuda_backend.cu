@@ -242,6 +242,7 @@ class CudaBackend final : public Backend {
     a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps;
     a.sinkhorn_iters = c_.hc_sinkhorn_iters, a.official = official_;
     a.x = x, a.post = post, a.comb = comb;
+    a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
     cuda::hc_pre(a, s_);
   }
 
@@ -329,7 +330,7 @@ class CudaBackend final : public Backend {
     a.n = n, a.H = c_.n_heads, a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
     a.D = c_.head_dim, a.pos0 = pos0, a.n_comp = S.n_comp, a.official = official_;
     a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, pos0 + n, a.ratio);
-    a.scratch = scratch(14, static_cast<size_t>(n) * a.H * a.max_rows);
+    a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(n, a.H, a.D, a.max_rows)));
     a.o = o, a.err = err_;
     cuda::attend(a, s_);
   }
@@ -414,6 +415,7 @@ class CudaBackend final : public Backend {
     a.X = X, a.n = n, a.hc = c_.hc_mult, a.d = c_.hidden;
     a.fn = hc_head_.fn, a.base = hc_head_.base, a.scale = hc_head_.scale, a.norm_w = norm_;
     a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps, a.official = official_, a.x = h, a.head = true;
+    a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
     cuda::hc_pre(a, s_);
     plain(head_, h, n, logits);
   }

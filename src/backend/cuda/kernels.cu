@@ -3,7 +3,9 @@
 // docs/BENCHMARKS.md "CUDA ops"). The CPU twin of every kernel is named in ops.h / cpu_backend.cpp.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -244,58 +246,108 @@ __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int3
 
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// mHC pre / hc_head: one block per token. Mix rows: one warp per row over the flattened hc*d streams.
-__global__ void __launch_bounds__(512) hc_pre_kernel(HcPreArgs a) {
+// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices of the hc*d streams, tokens), each block
+// streams its slice of the nmix rows of fn once and writes partial dot products plus the partial sum of squares;
+// (2) hc_finish_kernel: one block per token sums the partials in slice order (double), runs the sigmoids and the
+// Sinkhorn iterations in one warp (lane = matrix element, same float operation order as the CPU), then collapses the
+// streams and applies the RMSNorm.
+constexpr int kHcSlice = 512;  // elements per block (128 threads x 4)
+constexpr int kHcMaxMix = 32;
+
+__global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
+  __shared__ float red[4][kHcMaxMix + 1];
+  const int sl = blockIdx.x, t = blockIdx.y;
+  const int64_t nf = a.hc * a.d;
+  const float* Xt = a.X + t * nf;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float xv[4];
+  int64_t jj[4];
+  float ss = 0.0f;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    jj[m] = static_cast<int64_t>(sl) * kHcSlice + threadIdx.x + 128 * m;
+    xv[m] = jj[m] < nf ? Xt[jj[m]] : 0.0f;
+    ss += xv[m] * xv[m];
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[warp][kHcMaxMix] = ss;
+  for (int r0 = 0; r0 < nmix; r0 += 8) {
+    float f[8][4];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) f[r][m] = (r0 + r < nmix && jj[m] < nf) ? __ldg(a.fn + (r0 + r) * nf + jj[m]) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      float s = f[r][0] * xv[0] + f[r][1] * xv[1] + f[r][2] * xv[2] + f[r][3] * xv[3];
+      s = warp_sum(s);
+      if (lane == 0 && r0 + r < nmix) red[warp][r0 + r] = s;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < nmix || threadIdx.x == kHcMaxMix) {
+    const int r = threadIdx.x;
+    partial[(static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1) + r] = red[0][r] + red[1][r] + red[2][r] + red[3][r];
+  }
+}
+
+__global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
   extern __shared__ float xin[];  // d floats
   __shared__ double red[32];
-  __shared__ float mix[64], pre[16];
+  __shared__ float mix[kHcMaxMix], pre[16], C[32];
   const int t = blockIdx.x, hc = a.hc;
   const int64_t d = a.d, nf = hc * d;
   const float* Xt = a.X + t * nf;
-  double ss = 0.0;
-  for (int64_t j = threadIdx.x; j < nf; j += blockDim.x) ss += static_cast<double>(Xt[j]) * Xt[j];
-  ss = block_sum_d(ss, red);
-  const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(nf) + a.rms_eps));
-  const int nmix = a.head ? hc : (2 + hc) * hc;
-  const int w = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
-  for (int r = w; r < nmix; r += nw) {
-    const float* f = a.fn + r * nf;
-    float s = 0.0f;
-    for (int64_t j = lane; j < nf; j += 32) s += f[j] * Xt[j];
-    s = warp_sum(s);
-    if (lane == 0) mix[r] = s * rs;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < hc; ++s) pre[s] = sigm(mix[s] * a.scale[0] + a.base[s]) + a.hc_eps;
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) {
+    // Lane r < nmix: mix row r; lane 31 (or any spare): sum of squares; slices summed in order in double.
+    const float* pp = partial + static_cast<int64_t>(t) * nslices * (kHcMaxMix + 1);
+    double ssd = 0.0, md = 0.0;
+    for (int sl = 0; sl < nslices; ++sl) {
+      ssd += pp[sl * (kHcMaxMix + 1) + kHcMaxMix];
+      if (lane < nmix) md += pp[sl * (kHcMaxMix + 1) + lane];
+    }
+    const float rs = static_cast<float>(1.0 / sqrt(ssd / static_cast<double>(nf) + a.rms_eps));
+    const float mv = lane < nmix ? static_cast<float>(md) * rs : 0.0f;
+    if (lane < nmix) mix[lane] = mv;
+    __syncwarp();
+    if (lane < hc) pre[lane] = sigm(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
     if (!a.head) {
-      for (int s = 0; s < hc; ++s) a.post[t * hc + s] = 2.0f * sigm(mix[hc + s] * a.scale[1] + a.base[hc + s]);
-      float C[16 * 16];
+      if (lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * a.scale[1] + a.base[hc + lane]);
+      // Sinkhorn on hc x hc: lane = j * hc + k. Row softmax, then iterations of (row, column) normalisation.
+      const int j = lane / hc, k = lane % hc;
+      const bool own = lane < hc * hc;
       const float eps = a.hc_eps;
-      for (int j = 0; j < hc; ++j) {
-        float mx = -INFINITY, row[16];
-        for (int k = 0; k < hc; ++k) {
-          row[k] = mix[2 * hc + j * hc + k] * a.scale[2] + a.base[2 * hc + j * hc + k];
-          mx = fmaxf(mx, row[k]);
-        }
+      float v = own ? mix[2 * hc + lane] * a.scale[2] + a.base[2 * hc + lane] : 0.0f;
+      if (own) C[lane] = v;
+      __syncwarp();
+      if (own) {
+        float mx = -INFINITY;
+        for (int q = 0; q < hc; ++q) mx = fmaxf(mx, C[j * hc + q]);
         float sum = 0.0f;
-        for (int k = 0; k < hc; ++k) sum += (row[k] = expf(row[k] - mx));
-        for (int k = 0; k < hc; ++k) C[j * hc + k] = row[k] / sum + eps;
+        for (int q = 0; q < hc; ++q) sum += expf(C[j * hc + q] - mx);
+        v = expf(v - mx) / sum + eps;
       }
+      __syncwarp();
+      if (own) C[lane] = v;
+      __syncwarp();
       for (int it = 0; it < a.sinkhorn_iters; ++it) {
-        if (it > 0)
-          for (int j = 0; j < hc; ++j) {
-            float s = 0.0f;
-            for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-            for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + eps);
-          }
-        for (int k = 0; k < hc; ++k) {
+        if (it > 0) {
           float s = 0.0f;
-          for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-          for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + eps);
+          if (own)
+            for (int q = 0; q < hc; ++q) s += C[j * hc + q];
+          __syncwarp();
+          if (own) C[lane] /= (s + eps);
+          __syncwarp();
         }
+        float s = 0.0f;
+        if (own)
+          for (int q = 0; q < hc; ++q) s += C[q * hc + k];
+        __syncwarp();
+        if (own) C[lane] /= (s + eps);
+        __syncwarp();
       }
-      for (int i = 0; i < hc * hc; ++i) a.comb[t * hc * hc + i] = C[i];
+      if (own) a.comb[t * hc * hc + lane] = C[lane];
     }
   }
   __syncthreads();
@@ -416,86 +468,198 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
   for (int i = threadIdx.x; i < n; i += blockDim.x) qh[i] = v[i];
 }
 
-constexpr int kKeysPerBlock = 32;
-// grid (n, key tiles): the token's Hi x Di queries sit in shared memory; one warp scores one key at a time.
-__global__ void __launch_bounds__(256) indexer_scores_kernel(const float* q, const float* wts, const float* keys, int heads,
-                                                             int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
-                                                             bool official, float* scores, int64_t ld) {
-  extern __shared__ float qs[];  // heads * Di, then heads weights
-  const int t = blockIdx.x;
+// Indexer scores v2: block = 64 keys x 4 head groups (thread = (key, group of <= 16 heads)); each thread streams its
+// key row in float4 pieces and keeps the group's per-head dot products in registers while the queries are read from
+// shared memory as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the 4 groups in
+// order) like the CPU's double sum over heads.
+constexpr int kIdxKeys = 64;
+constexpr int kIdxGroupHeads = 16;
+
+__global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
+                                                         int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
+                                                         bool official, float* scores, int64_t ld) {
+  extern __shared__ __align__(16) float qs[];  // heads * Di, then heads weights
+  __shared__ double part[4][kIdxKeys];
+  const int t = blockIdx.y;
   const int nq = heads * static_cast<int>(Di);
   for (int i = threadIdx.x; i < nq; i += blockDim.x) qs[i] = q[static_cast<int64_t>(t) * nq + i];
   float* ws = qs + nq;
   for (int i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = wts[t * heads + i];
   __syncthreads();
+  const int kl = threadIdx.x % kIdxKeys, grp = threadIdx.x / kIdxKeys;
+  const int64_t key = static_cast<int64_t>(blockIdx.x) * kIdxKeys + kl;
   const int64_t visible = (pos0 + t + 1) / ratio;
-  const float wscale = 1.0f / sqrtf(static_cast<float>(heads));
-  const float qscale = 1.0f / sqrtf(static_cast<float>(Di));
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int kk = w; kk < kKeysPerBlock; kk += blockDim.x >> 5) {
-    const int64_t key = static_cast<int64_t>(blockIdx.y) * kKeysPerBlock + kk;
-    if (key >= ld) continue;
-    if (key >= visible || key >= n_keys) {
-      if (lane == 0) scores[t * ld + key] = -INFINITY;
-      continue;
+  const bool live = key < ld && key < visible && key < n_keys;
+  const int hpg = (heads + 3) / 4, h0 = grp * hpg, hn = min(hpg, heads - h0);
+  const int Di4 = static_cast<int>(Di / 4);
+  double s = 0.0;
+  if (live && hn > 0) {
+    float acc[kIdxGroupHeads];
+#pragma unroll
+    for (int h = 0; h < kIdxGroupHeads; ++h) acc[h] = 0.0f;
+    const float4* kp = reinterpret_cast<const float4*>(keys + key * Di);
+    const float4* q4 = reinterpret_cast<const float4*>(qs);
+    for (int d4 = 0; d4 < Di4; ++d4) {
+      const float4 kv = __ldg(kp + d4);
+#pragma unroll
+      for (int h = 0; h < kIdxGroupHeads; ++h)
+        if (h < hn) {
+          const float4 qv = q4[(h0 + h) * Di4 + d4];
+          acc[h] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+        }
     }
-    const float* k = keys + key * Di;
-    float kr[8];
-    const int per = static_cast<int>((Di + 31) / 32);  // Di <= 256
-    for (int e = 0; e < per; ++e) {
-      const int dd = lane + 32 * e;
-      kr[e] = dd < Di ? k[dd] : 0.0f;
+    const float wscale = 1.0f / sqrtf(static_cast<float>(heads));
+    const float qscale = 1.0f / sqrtf(static_cast<float>(Di));
+#pragma unroll
+    for (int h = 0; h < kIdxGroupHeads; ++h)
+      if (h < hn && acc[h] > 0) s += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
+  }
+  part[grp][kl] = s;
+  __syncthreads();
+  if (threadIdx.x < kIdxKeys && key < ld) {
+    float sf = -INFINITY;
+    if (live) {
+      sf = static_cast<float>(part[0][kl] + part[1][kl] + part[2][kl] + part[3][kl]);
+      if (official) sf = bf16r(sf);
     }
-    double s = 0.0;
-    for (int h = 0; h < heads; ++h) {
-      float p = 0.0f;
-      for (int e = 0; e < per; ++e) {
-        const int dd = lane + 32 * e;
-        if (dd < Di) p += qs[h * Di + dd] * kr[e];
-      }
-      p = warp_sum(p);
-      if (p > 0) s += static_cast<double>(p) * qscale * (ws[h] * wscale);
-    }
-    if (lane == 0) {
-      float sf = static_cast<float>(s);
-      scores[t * ld + key] = official ? bf16r(sf) : sf;
-    }
+    scores[t * ld + key] = sf;
   }
 }
 
-// Exact top-k by rank: rank(i) = #{j : s_j > s_i or (s_j == s_i and j < i)}; entry i lands at out[rank] when
-// rank < k. O(V^2 / threads) per query: a first version (radix select is the planned replacement), but it gives
-// exactly the CPU's order including the tie rule.
-__global__ void topk_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk) {
-  __shared__ float tile[2048];
+// Exact top-k per row by radix select (GPU_KERNELS.md §6.5): scores map to order-preserving unsigned keys (-0 as +0,
+// so that equal floats stay equal keys); four 8-bit histogram passes find the key T of the k-th largest entry and how
+// many entries equal to T are taken; an index-ordered block scan then collects every entry > T and the lowest-index
+// entries == T (the CPU tie rule); a bitonic sort of the k candidates by (key desc, index asc) emits the CPU's order.
+// One block of 1024 threads per query row; the row is cached in shared memory when it fits.
+constexpr int kTopkThreads = 1024;
+constexpr int kTopkMaxK = 2048;
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  if (f == 0.0f) f = 0.0f;
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Block-wide exclusive scan of a 0/1 flag over 1024 threads; returns the prefix and writes the block total to *total.
+__device__ __forceinline__ int block_scan_flag(bool f, int* wsum, int* total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const unsigned b = __ballot_sync(0xffffffffu, f);
+  const int before = __popc(b & ((1u << lane) - 1u));
+  __syncthreads();
+  if (lane == 0) wsum[w] = __popc(b);
+  __syncthreads();
+  if (w == 0) {
+    const int v = wsum[lane];
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    wsum[lane] = incl - v;
+    if (lane == 31) *total = incl;
+  }
+  __syncthreads();
+  return wsum[w] + before;
+}
+
+__global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
+                                                                 int k, int P, int cache, int32_t* topk) {
+  extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
+  unsigned long long* cand = tk_sm;
+  uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
+  __shared__ int hist[256];
+  __shared__ int wsum[32];
+  __shared__ int s_total, s_digit, s_above;
   const int t = blockIdx.x;
-  const int64_t V = (pos0 + t + 1) / ratio;
+  int64_t V = (pos0 + t + 1) / ratio;
+  if (V > ld) V = ld;
   const float* s = scores + t * ld;
   int32_t* out = topk + static_cast<int64_t>(t) * k;
-  const int64_t kk = V < k ? V : k;
-  for (int64_t j = kk + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
-  for (int64_t base = 0; base < V; base += blockDim.x) {
-    const int64_t i = base + threadIdx.x;
-    const float si = i < V ? s[i] : 0.0f;
-    int64_t rank = 0;
-    for (int64_t t0 = 0; t0 < V; t0 += 2048) {
-      const int64_t tl = V - t0 < 2048 ? V - t0 : 2048;
+  const int kk = static_cast<int>(V < k ? V : k);
+  for (int j = kk + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
+  if (kk == 0) return;
+  const bool cached = V <= cache;
+  if (cached)
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) row[i] = order_key(s[i]);
+  for (int j = threadIdx.x; j < P; j += blockDim.x) cand[j] = 0ull;
+  __syncthreads();
+  auto key_at = [&](int64_t i) -> uint32_t { return cached ? row[i] : order_key(s[i]); };
+
+  uint32_t prefix = 0, mask = 0;
+  int want = kk;  // entries still to take among those matching prefix
+  const bool take_all = V <= k;
+  if (!take_all) {
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int j = threadIdx.x; j < 256; j += blockDim.x) hist[j] = 0;
       __syncthreads();
-      for (int j = threadIdx.x; j < tl; j += blockDim.x) tile[j] = s[t0 + j];
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const uint32_t u = key_at(i);
+        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1);
+      }
       __syncthreads();
-      if (i < V)
-        for (int j = 0; j < tl; ++j) {
-          const float sj = tile[j];
-          rank += (sj > si) || (sj == si && t0 + j < i);
+      if (threadIdx.x < 32) {  // warp 0: lane l owns digits 255-8l .. 248-8l (descending); suffix counts via a scan
+        const int lane = threadIdx.x;
+        int c[8], sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += (c[j] = hist[255 - 8 * lane - j]);
+        int incl = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int y = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += y;
         }
+        int above = incl - sum;  // entries with a larger digit than this lane's first digit
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (above < want && above + c[j] >= want) s_digit = 255 - 8 * lane - j, s_above = above;
+          above += c[j];
+        }
+      }
+      __syncthreads();
+      prefix |= static_cast<uint32_t>(s_digit) << shift;
+      mask |= 255u << shift;
+      want -= s_above;
+      __syncthreads();
     }
-    if (i < V && rank < k) out[rank] = static_cast<int32_t>(i);
   }
+  // prefix = T (exact key of the kk-th largest); kk - want entries are > T; take `want` entries == T, lowest first.
+  const int n_gt = kk - want;
+  int base_gt = 0, base_eq = 0;
+  for (int64_t b0 = 0; b0 < V; b0 += blockDim.x) {
+    const int64_t i = b0 + threadIdx.x;
+    const uint32_t u = i < V ? key_at(i) : 0u;
+    const bool gt = i < V && (take_all || u > prefix);
+    const bool eq = i < V && !take_all && u == prefix;
+    const int pg = block_scan_flag(gt, wsum, &s_total);
+    const int tg = s_total;
+    const int pe = block_scan_flag(eq, wsum, &s_total);
+    const int te = s_total;
+    const unsigned long long ck = (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+    if (gt) cand[base_gt + pg] = ck;
+    if (eq && base_eq + pe < want) cand[n_gt + base_eq + pe] = ck;
+    base_gt += tg;
+    base_eq += te;
+  }
+  __syncthreads();
+  // Bitonic sort of P candidates, descending (padding zeros sink to the end).
+  for (int size = 2; size <= P; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int j = threadIdx.x; j < P; j += blockDim.x) {
+        const int p = j ^ stride;
+        if (p > j) {
+          const unsigned long long a = cand[j], b = cand[p];
+          const bool desc = (j & size) == 0;
+          if (desc ? a < b : a > b) cand[j] = b, cand[p] = a;
+        }
+      }
+      __syncthreads();
+    }
+  for (int j = threadIdx.x; j < kk; j += blockDim.x) out[j] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(cand[j] & 0xFFFFFFFFull));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Attention: one block per (query, head). Scores and probabilities live in a global scratch row (rows can exceed
-// shared memory for long HCA contexts); the value sum runs over rows in order, like the CPU loop.
+// Attention rows: j < nwin are window positions (this chunk's kv, else the ring), then compressed entries.
 __device__ __forceinline__ const float* attend_row(const AttendArgs& a, int i, int64_t t, int64_t wstart, int nwin, int j,
                                                    bool* skip) {
   *skip = false;
@@ -519,58 +683,209 @@ __device__ __forceinline__ const float* attend_row(const AttendArgs& a, int i, i
   return a.comp + static_cast<int64_t>(w) * a.D;
 }
 
-__global__ void __launch_bounds__(256) attend_kernel(AttendArgs a) {
-  extern __shared__ float qsm[];
-  __shared__ double red[32];
-  const int i = blockIdx.x / a.H, h = blockIdx.x % a.H;
-  const int64_t t = a.pos0 + i;
-  const int64_t wstart = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
-  const int nwin = static_cast<int>(t - wstart + 1);
-  const int ncomp = a.kind == 2 ? static_cast<int>((t + 1) / a.ratio) : (a.kind == 1 ? a.topk_k : 0);
-  const int nrows = nwin + ncomp;
-  const int D = static_cast<int>(a.D);
-  const float* qh = a.q + (static_cast<int64_t>(i) * a.H + h) * a.D;
-  for (int e = threadIdx.x; e < D; e += blockDim.x) qsm[e] = qh[e];
+// ---------------------------------------------------------------------------------------------------------------
+// Attention, split-KV (GPU_KERNELS.md §6.4): the candidate rows of a query (window, then compressed) are cut into
+// chunks; a block = (chunk, group of <= 16 heads, query) and every KV row it loads into shared memory serves all heads
+// of the group. Three launches keep the official numerics exact (the probabilities are BF16-rounded after the GLOBAL
+// normalisation, including the sink, so a plain log-sum-exp rescale of partial outputs cannot reproduce them):
+//   1. scores: S[i, h, j] = q.k_j / sqrt(D) (-inf for skipped rows) and per-chunk (max, sum exp) per head;
+//   2. pv: each block merges the per-chunk stats of its heads with the sink (added once) into (M, Z), forms
+//      p = exp(S - M) / Z ([official] BF16) and writes its chunk's partial sum of p * v;
+//   3. merge: o = sum over chunks of the partials ([official] BF16).
+constexpr int kAttTile = 16;    // rows per shared-memory tile
+constexpr int kAttHeads = 16;   // heads per block
+constexpr int kAttMaxD = 512;
+
+struct AttSplit {
+  int nchunks, rows_per_chunk;
+};
+AttSplit att_split(int n, int H, int64_t max_rows) {
+  const int hg = (H + kAttHeads - 1) / kAttHeads;
+  const int64_t want = std::max<int64_t>(1, (264 + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
+  const int64_t tiles = std::max<int64_t>(1, (max_rows + kAttTile - 1) / kAttTile);
+  const int64_t nc = std::min(want, tiles);
+  const int64_t cr = (max_rows + nc - 1) / nc;
+  return AttSplit{static_cast<int>(std::max<int64_t>(1, (max_rows + std::max<int64_t>(cr, 1) - 1) / std::max<int64_t>(cr, 1))),
+                  static_cast<int>(std::max<int64_t>(cr, 1))};
+}
+
+struct AttGeom {
+  int64_t t, wstart;
+  int nwin, nrows;
+};
+__device__ __forceinline__ AttGeom att_geom(const AttendArgs& a, int i) {
+  AttGeom g;
+  g.t = a.pos0 + i;
+  g.wstart = g.t - a.window + 1 > 0 ? g.t - a.window + 1 : 0;
+  g.nwin = static_cast<int>(g.t - g.wstart + 1);
+  const int ncomp = a.kind == 2 ? static_cast<int>((g.t + 1) / a.ratio) : (a.kind == 1 ? a.topk_k : 0);
+  g.nrows = g.nwin + ncomp;
+  return g;
+}
+
+// Loads rows [j0, j0 + nr) of query i into the tile (row pointers resolved by attend_row; skipped rows flagged).
+__device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,
+                                              const float** rp, int* valid) {
+  if (threadIdx.x < kAttTile) {
+    bool skip = true;
+    const float* p = nullptr;
+    if (static_cast<int>(threadIdx.x) < nr) p = attend_row(a, i, g.t, g.wstart, g.nwin, j0 + threadIdx.x, &skip);
+    rp[threadIdx.x] = p;
+    valid[threadIdx.x] = !skip && p != nullptr;
+  }
   __syncthreads();
-  float* sc = a.scratch + static_cast<int64_t>(blockIdx.x) * a.max_rows;
-  const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  const int w = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
-  for (int j = w; j < nrows; j += nw) {
-    bool skip;
-    const float* row = attend_row(a, i, t, wstart, nwin, j, &skip);
-    float s = -INFINITY;
-    if (!skip) {
+  const int D4 = static_cast<int>(a.D / 4);
+  for (int x = threadIdx.x; x < nr * D4; x += blockDim.x) {
+    const int r = x / D4, e = x % D4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (valid[r]) v = __ldg(reinterpret_cast<const float4*>(rp[r]) + e);
+    reinterpret_cast<float4*>(tile)[r * D4 + e] = v;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nchunks, int cr, float* stats) {
+  __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
+  __shared__ const float* rp[kAttTile];
+  __shared__ int valid[kAttTile];
+  const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
+  const int hn = min(kAttHeads, a.H - h0);
+  const AttGeom g = att_geom(a, i);
+  const int r0 = c * cr, r1 = min(r0 + cr, g.nrows);
+  const int D4 = static_cast<int>(a.D / 4), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
+  float* S = a.scratch + (static_cast<int64_t>(i) * a.H) * a.max_rows;
+  // Each warp owns heads h0 + warp and h0 + warp + 8; lane holds q[e] for e = 4 * (lane + 32 m).
+  float4 q[2][kAttMaxD / 128];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int m = 0; m < kAttMaxD / 128; ++m) {
+      const int h = warp + 8 * hh, e4 = lane + 32 * m;
+      q[hh][m] = (h < hn && e4 < D4) ? __ldg(reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(i) * a.H + h0 + h) * a.D) + e4)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  for (int j0 = r0; j0 < r1; j0 += kAttTile) {
+    const int nr = min(kAttTile, r1 - j0);
+    __syncthreads();
+    att_load_tile(a, i, g, j0, nr, tile, rp, valid);
+    for (int r = 0; r < nr; ++r) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = warp + 8 * hh;
+        if (h >= hn) continue;
+        float p = 0.0f;
+#pragma unroll
+        for (int m = 0; m < kAttMaxD / 128; ++m) {
+          const int e4 = lane + 32 * m;
+          if (e4 < D4) {
+            const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
+            p += q[hh][m].x * k.x + q[hh][m].y * k.y + q[hh][m].z * k.z + q[hh][m].w * k.w;
+          }
+        }
+        p = warp_sum(p);
+        if (lane == 0) S[static_cast<int64_t>(h0 + h) * a.max_rows + j0 + r] = valid[r] ? p * scale : -INFINITY;
+      }
+    }
+  }
+  __syncthreads();  // this block's S writes are visible to its own threads
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int h = warp + 8 * hh;
+    if (h >= hn) continue;
+    const float* Sh = S + static_cast<int64_t>(h0 + h) * a.max_rows;
+    float mx = -INFINITY;
+    for (int j = r0 + lane; j < r1; j += 32) mx = fmaxf(mx, Sh[j]);
+    mx = warp_max(mx);
+    double z = 0.0;
+    if (mx != -INFINITY)
+      for (int j = r0 + lane; j < r1; j += 32)
+        if (Sh[j] != -INFINITY) z += exp(static_cast<double>(Sh[j] - mx));
+    z = warp_sum_d(z);
+    if (lane == 0) {
+      float* st = stats + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0 + h) * 2;
+      st[0] = mx;
+      st[1] = static_cast<float>(z);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunks, int cr, const float* stats, float* part) {
+  __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
+  __shared__ const float* rp[kAttTile];
+  __shared__ int valid[kAttTile];
+  __shared__ float P[kAttHeads][kAttTile];
+  __shared__ float Ms[kAttHeads];
+  __shared__ double Zs[kAttHeads];
+  const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
+  const int hn = min(kAttHeads, a.H - h0);
+  const AttGeom g = att_geom(a, i);
+  const int r0 = c * cr, r1 = min(r0 + cr, g.nrows);
+  const int D4 = static_cast<int>(a.D / 4);
+  if (threadIdx.x < hn) {  // global (M, Z) of head h: the sink once, then every chunk's (max, sum) rescaled
+    const int h = h0 + threadIdx.x;
+    const float* st = stats + (static_cast<int64_t>(i) * nchunks) * a.H * 2 + h * 2;
+    float M = a.sink[h];
+    for (int cc = 0; cc < nchunks; ++cc) M = fmaxf(M, st[static_cast<int64_t>(cc) * a.H * 2]);
+    double Z = exp(static_cast<double>(a.sink[h] - M));
+    for (int cc = 0; cc < nchunks; ++cc) {
+      const float m = st[static_cast<int64_t>(cc) * a.H * 2];
+      if (m != -INFINITY) Z += static_cast<double>(st[static_cast<int64_t>(cc) * a.H * 2 + 1]) * exp(static_cast<double>(m - M));
+    }
+    Ms[threadIdx.x] = M;
+    Zs[threadIdx.x] = Z;
+  }
+  // Thread -> (dim group gi of 4 dims, head half hf of 8 heads).
+  const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
+  const bool active = hf < 2;
+  float4 acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float* S = a.scratch + (static_cast<int64_t>(i) * a.H) * a.max_rows;
+  for (int j0 = r0; j0 < r1; j0 += kAttTile) {
+    const int nr = min(kAttTile, r1 - j0);
+    __syncthreads();
+    att_load_tile(a, i, g, j0, nr, tile, rp, valid);
+    {
+      const int hh = threadIdx.x / kAttTile, r = threadIdx.x % kAttTile;
       float p = 0.0f;
-      for (int e = lane; e < D; e += 32) p += qsm[e] * row[e];
-      s = warp_sum(p) * scale;
+      if (hh < hn && r < nr) {
+        const float s = S[static_cast<int64_t>(h0 + hh) * a.max_rows + j0 + r];
+        if (s != -INFINITY) {
+          p = static_cast<float>(exp(static_cast<double>(s - Ms[hh])) / Zs[hh]);
+          if (a.official) p = bf16r(p);
+        }
+      }
+      if (hh < kAttHeads) P[hh][r] = p;
     }
-    if (lane == 0) sc[j] = s;
+    __syncthreads();
+    if (active)
+      for (int r = 0; r < nr; ++r) {
+        const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float p = P[hf * 8 + k][r];
+          acc[k].x += p * v.x, acc[k].y += p * v.y, acc[k].z += p * v.z, acc[k].w += p * v.w;
+        }
+      }
   }
-  __syncthreads();
-  float mx = a.sink[h];
-  for (int j = threadIdx.x; j < nrows; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-  mx = block_max(mx, red);
-  double z = 0.0;
-  for (int j = threadIdx.x; j < nrows; j += blockDim.x) {
-    const float e = sc[j] == -INFINITY ? 0.0f : static_cast<float>(exp(static_cast<double>(sc[j] - mx)));
-    sc[j] = e;
-    z += e;
-  }
-  z = block_sum_d(z, red) + exp(static_cast<double>(a.sink[h] - mx));
-  for (int j = threadIdx.x; j < nrows; j += blockDim.x) {
-    const float p = static_cast<float>(sc[j] / z);
-    sc[j] = a.official ? bf16r(p) : p;
-  }
-  __syncthreads();
-  float* oh = a.o + (static_cast<int64_t>(i) * a.H + h) * a.D;
-  for (int e = threadIdx.x; e < D; e += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < nrows; ++j) {
-      bool skip;
-      const float* row = attend_row(a, i, t, wstart, nwin, j, &skip);
-      if (!skip) acc += sc[j] * row[e];
+  if (active)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int h = hf * 8 + k;
+      if (h < hn)
+        reinterpret_cast<float4*>(part + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0 + h) * a.D)[gi] = acc[k];
     }
-    oh[e] = a.official ? bf16r(acc) : acc;
+}
+
+__global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o) {
+  const int64_t total = static_cast<int64_t>(n) * H * D;
+  for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = x / (H * D), r = x % (H * D);
+    const float* p = part + i * nchunks * H * D + r;
+    float s = 0.0f;
+    for (int c = 0; c < nchunks; ++c) s += p[static_cast<int64_t>(c) * H * D];
+    o[x] = official ? bf16r(s) : s;
   }
 }
 
@@ -670,6 +985,252 @@ __global__ void __launch_bounds__(256) expert_down_kernel(ExpertArgs a, int blk)
   float y;
   warp_row_dot<F, 1>(WRow{E.w2, E.s2, a.I, a.sb2, blk}, r, a.act_q + static_cast<int64_t>(slot) * a.I, a.I, 1, lut, &y);
   if ((threadIdx.x & 31) == 0) a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decode GEMV v2 (GPU_KERNELS.md §6.2): every lane streams whole 16-byte chunks of weights (16 FP8, 32 FP4, 8 BF16/F16
+// or 4 F32 values) with the non-coherent path, a warp keeps R rows x U chunk-steps of loads in flight before the first
+// use (Little's law: ~32 KB outstanding per SM), the R rows of a warp share each activation load, small matrices split
+// K across the warps of a block (reduced in shared memory) so that the grid fills all SMs, and the block scale is
+// applied once per chunk partial sum (exact for power-of-two scales, one rounding otherwise).
+template <int F>
+struct Chunk {
+  static constexpr int CW = F == kFP8 ? 16 : (F == kFP4 ? 32 : (F == kF32 ? 4 : 8));  // elements per 16 bytes
+};
+
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// E2M1 nibbles -> two halves without a table: magnitude bits (e1 e0 m) go to FP16 bits 11..9 and the sign to bit 15,
+// which encodes value * 2^-14 (including the subnormal 0.5 * m); the 2^14 is applied to the chunk sum. Pairs are
+// (nibble k, nibble k+4) of the 32-bit word.
+__device__ __forceinline__ float2 e2m1_pair(uint32_t w) {
+  const uint32_t h = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Partial dot of one 16-byte weight chunk q (chunk index c of its row; sp = the row's scale pointer) with x[0..CW).
+template <int F>
+__device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restrict__ x, const float* sp, int64_t c, int blk) {
+  const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+  if constexpr (F == kFP8) {
+    float s = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float4 xv = __ldg(reinterpret_cast<const float4*>(x) + h);
+      __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] & 0xFFFFu), __NV_E4M3);
+      __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] >> 16), __NV_E4M3);
+      const float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo)), b = __half22float2(*reinterpret_cast<__half2*>(&hi));
+      s = fmaf(a.x, xv.x, s);
+      s = fmaf(a.y, xv.y, s);
+      s = fmaf(b.x, xv.z, s);
+      s = fmaf(b.y, xv.w, s);
+    }
+    return s * sp[c >> 3];
+  } else if constexpr (F == kFP4) {
+    float part[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float s = 0.0f;
+#pragma unroll
+      for (int h = 2 * half; h < 2 * half + 2; ++h) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + 8 * h));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + 8 * h + 4));
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 v = e2m1_pair(wd[h] >> (4 * k));
+          s = fmaf(v.x, xs[k], s);
+          s = fmaf(v.y, xs[k + 4], s);
+        }
+      }
+      part[half] = s * 16384.0f;
+    }
+    if (blk == 16) return part[0] * sp[2 * c] + part[1] * sp[2 * c + 1];
+    return (part[0] + part[1]) * sp[c];
+  } else if constexpr (F == kBF16 || F == kF16) {
+    float s = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 xv = __ldg(reinterpret_cast<const float4*>(x) + h);
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t u = wd[2 * h + j];
+        if constexpr (F == kBF16) {
+          v[2 * j] = __uint_as_float(u << 16);
+          v[2 * j + 1] = __uint_as_float(u & 0xFFFF0000u);
+        } else {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
+          v[2 * j] = f.x;
+          v[2 * j + 1] = f.y;
+        }
+      }
+      s = fmaf(v[0], xv.x, s);
+      s = fmaf(v[1], xv.y, s);
+      s = fmaf(v[2], xv.z, s);
+      s = fmaf(v[3], xv.w, s);
+    }
+    return s;
+  } else {
+    const float4 xv = __ldg(reinterpret_cast<const float4*>(x));
+    float s = __uint_as_float(wd[0]) * xv.x;
+    s = fmaf(__uint_as_float(wd[1]), xv.y, s);
+    s = fmaf(__uint_as_float(wd[2]), xv.z, s);
+    return fmaf(__uint_as_float(wd[3]), xv.w, s);
+  }
+}
+
+// One warp, R rows (row byte pointers wp, scale pointers sp), chunks [cb, ce) of each row, nt <= NT tokens of x at
+// stride ldx (x points at element 0 of the row). acc[r][t] gets this lane's partial sums (not yet warp-reduced).
+template <int F, int R, int NT>
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* const* wp, const float* const* sp, int blk, int64_t cb,
+                                              int64_t ce, const float* x, int64_t ldx, int nt, float (&acc)[R][NT]) {
+  constexpr int CW = Chunk<F>::CW;
+  constexpr int U = (R * NT > 4) ? 2 : 4;  // chunk-steps whose loads are issued before the first use
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  for (int64_t c0 = cb + lane; c0 < ce; c0 += 32 * U) {
+    uint4 q[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (c0 + 32 * u < ce) q[u][r] = ldg_stream(wp[r] + (c0 + 32 * u) * 16);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c < ce) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (t < nt)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][t] += chunk_dot<F>(q[u][r], x + t * ldx + c * CW, sp[r], c, blk);
+      }
+    }
+  }
+}
+
+constexpr int kGemvR = 2;   // rows per warp
+constexpr int kGemvNT = 4;  // tokens per pass
+
+template <int F>
+__device__ __forceinline__ const float* scale_row(const WRow& W, int64_t r) {
+  if constexpr (F == kFP8) return W.sc + (r >> 7) * W.sb;
+  else if constexpr (F == kFP4) return W.sc + r * W.sb;
+  else return nullptr;
+}
+template <int F>
+__device__ __forceinline__ int64_t row_bytes(int64_t in) {
+  return F == kFP8 ? in : (F == kFP4 ? in / 2 : (F == kF32 ? in * 4 : in * 2));
+}
+
+// grid (ceil(out / rows per block), ceil(n / NT)); 8 warps = ks K-slices x (8/ks) row groups of R rows.
+template <int F>
+__global__ void __launch_bounds__(256) gemv_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
+  constexpr int R = kGemvR, NT = kGemvNT, CW = Chunk<F>::CW;
+  __shared__ float red[8][R][NT];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kslice = warp % ks, rg = warp / ks, rgs = 8 / ks;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * rgs + rg) * R;
+  const int t0 = blockIdx.y * NT;
+  const int nt = min(NT, a.n - t0);
+  const int64_t nch = W.in / CW, per = (nch + ks - 1) / ks;
+  const int64_t cb = kslice * per, ce = min(nch, cb + per);
+  const uint8_t* wp[R];
+  const float* sp[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t rr = min(row0 + r, out - 1);  // rows past the end recompute the last row; never stored
+    wp[r] = static_cast<const uint8_t*>(W.w) + rr * row_bytes<F>(W.in);
+    sp[r] = scale_row<F>(W, rr);
+  }
+  const int64_t rx = min(row0, out - 1);
+  const float* x = a.x + static_cast<int64_t>(t0) * a.ldx + (a.group_rows ? (rx / a.group_rows) * a.group_x_off : 0);
+  float acc[R][NT];
+  warp_rows_dot<F, R, NT>(wp, sp, W.blk, cb, ce, x, a.ldx, nt, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  if (ks > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
+    __syncthreads();
+    if (kslice != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float s = red[warp][r][t];
+        for (int j = 1; j < ks; ++j) s += red[warp + j][r][t];
+        acc[r][t] = s;
+      }
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < out)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (t < nt) {
+            const float v = acc[r][t];
+            a.y[static_cast<int64_t>(t0 + t) * a.ldy + row0 + r] = a.round_bf16 ? bf16r(v) : v;
+          }
+}
+
+// Routed experts v2: gate_up = one warp per intermediate row r, the w1 and w3 rows of r as the warp's 2 rows (sharing
+// every activation load), SwiGLU + clamp + routing weight in the epilogue; down = 2 output rows per warp.
+template <int F>
+__global__ void __launch_bounds__(256) expert_gate_up_v2(ExpertArgs a, int blk) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int slot = blockIdx.y, t = slot / a.k;
+  if (r >= a.I) return;
+  const DevExpert E = a.table[a.sel[slot]];
+  const WRow W1{E.w1, E.s1, a.d, a.sb1, blk}, W3{E.w3, E.s3, a.d, a.sb1, blk};
+  const int64_t rb = r * row_bytes<F>(a.d);
+  const uint8_t* wp[2] = {static_cast<const uint8_t*>(E.w1) + rb, static_cast<const uint8_t*>(E.w3) + rb};
+  const float* sp[2] = {scale_row<F>(W1, r), scale_row<F>(W3, r)};
+  float acc[2][1];
+  warp_rows_dot<F, 2, 1>(wp, sp, blk, 0, a.d / Chunk<F>::CW, a.x + static_cast<int64_t>(t) * a.d, a.d, 1, acc);
+  float g = warp_sum(acc[0][0]), u = warp_sum(acc[1][0]);
+  if ((threadIdx.x & 31) == 0) {
+    if (a.official) g = bf16r(g), u = bf16r(u);
+    a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(g, u, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
+  }
+}
+
+template <int F>
+__global__ void __launch_bounds__(256) expert_down_v2(ExpertArgs a, int blk) {
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) * 2;
+  const int slot = blockIdx.y;
+  if (row0 >= a.d) return;
+  const DevExpert E = a.table[a.sel[slot]];
+  const WRow W2{E.w2, E.s2, a.I, a.sb2, blk};
+  const uint8_t* wp[2];
+  const float* sp[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t rr = min(row0 + r, a.d - 1);
+    wp[r] = static_cast<const uint8_t*>(E.w2) + rr * row_bytes<F>(a.I);
+    sp[r] = scale_row<F>(W2, rr);
+  }
+  float acc[2][1];
+  warp_rows_dot<F, 2, 1>(wp, sp, blk, 0, a.I / Chunk<F>::CW, a.act_q + static_cast<int64_t>(slot) * a.I, a.I, 1, acc);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float y = warp_sum(acc[r][0]);
+    if ((threadIdx.x & 31) == 0 && row0 + r < a.d) a.y[static_cast<int64_t>(slot) * a.d + row0 + r] = a.official ? bf16r(y) : y;
+  }
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t count, float lim, bool official, float* act) {
@@ -782,16 +1343,45 @@ void free_linear(DevLinear& l) {
   l.scale = nullptr;
 }
 
+namespace {
+int chunk_width(int f) { return f == kFP8 ? 16 : (f == kFP4 ? 32 : (f == kF32 ? 4 : 8)); }
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// The vectorised GEMV needs whole 16-byte weight chunks per row and 16-byte aligned activation pieces; other shapes
+// (tiny test models with odd widths) take the one-element-at-a-time kernel, which computes the same function.
+bool gemv_vector_ok(int f, int64_t in, const void* w, const float* x, int64_t ldx, int64_t group_rows, int64_t group_x_off) {
+  return in % chunk_width(f) == 0 && aligned16(w) && aligned16(x) && ldx % 4 == 0 && group_x_off % 4 == 0 &&
+         (group_rows == 0 || group_rows % kGemvR == 0);
+}
+}  // namespace
+
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  const dim3 grid(blocks_for(W.out, kRowsPerBlock), blocks_for(a.n, kNT));
   const WRow r = wrow(W);
-  switch (fmt_of(W.fmt)) {
-    case kF32: linear_kernel<kF32><<<grid, 256, 0, s>>>(r, W.out, a); break;
-    case kBF16: linear_kernel<kBF16><<<grid, 256, 0, s>>>(r, W.out, a); break;
-    case kF16: linear_kernel<kF16><<<grid, 256, 0, s>>>(r, W.out, a); break;
-    case kFP8: linear_kernel<kFP8><<<grid, 256, 0, s>>>(r, W.out, a); break;
-    case kFP4: linear_kernel<kFP4><<<grid, 256, 0, s>>>(r, W.out, a); break;
+  const int f = fmt_of(W.fmt);
+  if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
+    const dim3 grid(blocks_for(W.out, kRowsPerBlock), blocks_for(a.n, kNT));
+    switch (f) {
+      case kF32: linear_kernel<kF32><<<grid, 256, 0, s>>>(r, W.out, a); break;
+      case kBF16: linear_kernel<kBF16><<<grid, 256, 0, s>>>(r, W.out, a); break;
+      case kF16: linear_kernel<kF16><<<grid, 256, 0, s>>>(r, W.out, a); break;
+      case kFP8: linear_kernel<kFP8><<<grid, 256, 0, s>>>(r, W.out, a); break;
+      case kFP4: linear_kernel<kFP4><<<grid, 256, 0, s>>>(r, W.out, a); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  // K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32 chunks a slice.
+  const int64_t nch = W.in / chunk_width(f);
+  const unsigned ty = blocks_for(a.n, kGemvNT);
+  int ks = 1;
+  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
+  const dim3 grid(blocks_for(W.out, (8 / ks) * kGemvR), ty);
+  switch (f) {
+    case kF32: gemv_kernel<kF32><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
+    case kBF16: gemv_kernel<kBF16><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
+    case kF16: gemv_kernel<kF16><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
+    case kFP8: gemv_kernel<kFP8><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
+    case kFP4: gemv_kernel<kFP4><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
   }
   DSV4_LAUNCHED();
 }
@@ -829,12 +1419,22 @@ void embed(const void* table, int dtype, int64_t d, const int32_t* ids, int n, i
   DSV4_LAUNCHED();
 }
 
+int64_t hc_pre_scratch_floats(int n, int hc, int64_t d) {
+  return static_cast<int64_t>(n) * ((hc * d + kHcSlice - 1) / kHcSlice) * (kHcMaxMix + 1);
+}
+
 void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  if (a.hc > 16 || (2 + a.hc) * a.hc > 64) fail("hc_pre: hc_mult ", a.hc, " exceeds the kernel's limit of 6");
+  const int nmix = a.head ? a.hc : (2 + a.hc) * a.hc;
+  if (a.hc * a.hc > 32 || nmix > kHcMaxMix || a.hc > 16)
+    fail("hc_pre: hc_mult ", a.hc, " exceeds the kernel's limit (hc*hc <= 32 and (2+hc)*hc <= 32)");
+  if (!a.partial) fail("hc_pre: no partial-sum scratch (hc_pre_scratch_floats)");
+  const int nslices = static_cast<int>((a.hc * a.d + kHcSlice - 1) / kHcSlice);
+  hc_mix_kernel<<<dim3(nslices, a.n), 128, 0, s>>>(a, nmix, nslices, a.partial);
+  DSV4_LAUNCHED();
   const size_t sm = static_cast<size_t>(a.d) * 4;
-  set_smem(reinterpret_cast<const void*>(hc_pre_kernel), sm);
-  hc_pre_kernel<<<a.n, 512, sm, s>>>(a);
+  set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
+  hc_finish_kernel<<<a.n, 512, sm, s>>>(a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
 }
 
@@ -863,17 +1463,27 @@ void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const flo
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
                     int ratio, int64_t n_keys, bool official, float* scores, int64_t ld, cudaStream_t s) {
   if (n <= 0 || ld <= 0) return;
-  if (Di > 256) fail("indexer: head dim ", Di, " exceeds the kernel's limit of 256");
+  if (Di % 4 != 0 || heads > 4 * kIdxGroupHeads)
+    fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", 4 * kIdxGroupHeads);
+  if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
   const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
-  set_smem(reinterpret_cast<const void*>(indexer_scores_kernel), sm);
-  indexer_scores_kernel<<<dim3(n, blocks_for(ld, kKeysPerBlock)), 256, sm, s>>>(q, wts, keys, heads, Di, pos0, ratio, n_keys,
-                                                                                  official, scores, ld);
+  set_smem(reinterpret_cast<const void*>(indexer_scores_v2), sm);
+  indexer_scores_v2<<<dim3(blocks_for(ld, kIdxKeys), n), 256, sm, s>>>(q, wts, keys, heads, Di, pos0, ratio, n_keys, official,
+                                                                       scores, ld);
   DSV4_LAUNCHED();
 }
 
 void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s) {
   if (n <= 0) return;
-  topk_kernel<<<n, 256, 0, s>>>(scores, ld, pos0, ratio, k, topk);
+  if (k > kTopkMaxK) fail("top-k: k = ", k, " exceeds the kernel's limit of ", kTopkMaxK);
+  int P = 1;
+  while (P < k) P <<= 1;
+  // Cache the row's keys in shared memory when it fits next to the candidates (<= 160 KB in all).
+  const int64_t cache_cap = (160 * 1024 - static_cast<int64_t>(P) * 8) / 4;
+  const int cache = static_cast<int>(std::min<int64_t>(ld, cache_cap));
+  const size_t sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
+  set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
+  topk_radix_kernel<<<n, kTopkThreads, sm, s>>>(scores, ld, pos0, ratio, k, P, cache, topk);
   DSV4_LAUNCHED();
 }
 
@@ -881,11 +1491,26 @@ int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int r
   return window + (kind == 1 ? topk_k : (kind == 2 ? pos_end / ratio : 0));
 }
 
+int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
+  const AttSplit sp = att_split(n, H, max_rows);
+  return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.nchunks * H * (2 + D) + 8;  // + alignment
+}
+
 void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  const size_t sm = static_cast<size_t>(a.D) * 4;
-  set_smem(reinterpret_cast<const void*>(attend_kernel), sm);
-  attend_kernel<<<a.n * a.H, 256, sm, s>>>(a);
+  if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
+  if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
+    fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
+  const AttSplit sp = att_split(a.n, a.H, a.max_rows);
+  auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
+  float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
+  float* part = stats + up4(static_cast<int64_t>(a.n) * sp.nchunks * a.H * 2);
+  const dim3 grid(sp.nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
+  attend_scores_kernel<<<grid, 256, 0, s>>>(a, sp.nchunks, sp.rows_per_chunk, stats);
+  DSV4_LAUNCHED();
+  attend_pv_kernel<<<grid, 256, 0, s>>>(a, sp.nchunks, sp.rows_per_chunk, stats, part);
+  DSV4_LAUNCHED();
+  attend_merge_kernel<<<grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s>>>(part, a.n, a.H, a.D, sp.nchunks, a.official, a.o);
   DSV4_LAUNCHED();
 }
 
@@ -905,30 +1530,61 @@ void router(const RouterArgs& a, cudaStream_t s) {
   DSV4_LAUNCHED();
 }
 
+// The vectorised expert kernels need whole 16-byte chunks per row (expert matrices are separate cudaMalloc buffers,
+// so row starts are then 16-byte aligned) and a 16-byte aligned activation (x for gate/up, act_q for down).
+bool expert_vector_ok(const ExpertArgs& a, const float* act) {
+  const int f = fmt_of(a.fmt);
+  return a.d % chunk_width(f) == 0 && a.I % chunk_width(f) == 0 && aligned16(act);
+}
+
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  const dim3 grid(blocks_for(a.I, kRowsPerBlock), a.n * a.k);
   const int blk = fp4_block(a.fmt);
+  if (!expert_vector_ok(a, a.x)) {
+    const dim3 grid(blocks_for(a.I, kRowsPerBlock), a.n * a.k);
+    switch (fmt_of(a.fmt)) {
+      case kF32: expert_gate_up_kernel<kF32><<<grid, 256, 0, s>>>(a, blk); break;
+      case kBF16: expert_gate_up_kernel<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
+      case kF16: expert_gate_up_kernel<kF16><<<grid, 256, 0, s>>>(a, blk); break;
+      case kFP8: expert_gate_up_kernel<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
+      case kFP4: expert_gate_up_kernel<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  const dim3 grid(blocks_for(a.I, 8), a.n * a.k);
   switch (fmt_of(a.fmt)) {
-    case kF32: expert_gate_up_kernel<kF32><<<grid, 256, 0, s>>>(a, blk); break;
-    case kBF16: expert_gate_up_kernel<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kF16: expert_gate_up_kernel<kF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP8: expert_gate_up_kernel<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP4: expert_gate_up_kernel<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+    case kF32: expert_gate_up_v2<kF32><<<grid, 256, 0, s>>>(a, blk); break;
+    case kBF16: expert_gate_up_v2<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
+    case kF16: expert_gate_up_v2<kF16><<<grid, 256, 0, s>>>(a, blk); break;
+    case kFP8: expert_gate_up_v2<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
+    case kFP4: expert_gate_up_v2<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
   }
   DSV4_LAUNCHED();
 }
 
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  const dim3 grid(blocks_for(a.d, kRowsPerBlock), a.n * a.k);
   const int blk = fp4_block(a.fmt);
+  if (!expert_vector_ok(a, a.act_q)) {
+    const dim3 grid(blocks_for(a.d, kRowsPerBlock), a.n * a.k);
+    switch (fmt_of(a.fmt)) {
+      case kF32: expert_down_kernel<kF32><<<grid, 256, 0, s>>>(a, blk); break;
+      case kBF16: expert_down_kernel<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
+      case kF16: expert_down_kernel<kF16><<<grid, 256, 0, s>>>(a, blk); break;
+      case kFP8: expert_down_kernel<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
+      case kFP4: expert_down_kernel<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  const dim3 grid(blocks_for(a.d, 16), a.n * a.k);
   switch (fmt_of(a.fmt)) {
-    case kF32: expert_down_kernel<kF32><<<grid, 256, 0, s>>>(a, blk); break;
-    case kBF16: expert_down_kernel<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kF16: expert_down_kernel<kF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP8: expert_down_kernel<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP4: expert_down_kernel<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+    case kF32: expert_down_v2<kF32><<<grid, 256, 0, s>>>(a, blk); break;
+    case kBF16: expert_down_v2<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
+    case kF16: expert_down_v2<kF16><<<grid, 256, 0, s>>>(a, blk); break;
+    case kFP8: expert_down_v2<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
+    case kFP4: expert_down_v2<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
   }
   DSV4_LAUNCHED();
 }

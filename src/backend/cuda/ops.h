@@ -100,7 +100,10 @@ struct HcPreArgs {
   float* post = nullptr;  // [n, hc]
   float* comb = nullptr;  // [n, hc, hc]
   bool head = false;      // hc_head mode: fn [hc, hc*d], pre only, rms with norm_w (no post/comb)
+  float* partial = nullptr;  // scratch of hc_pre_scratch_floats(n, hc, d) floats (split-K partial sums)
 };
+// Two launches: split-K mix GEMV over many blocks, then one block per token (Sinkhorn in one warp, collapse, RMSNorm).
+int64_t hc_pre_scratch_floats(int n, int hc, int64_t d);
 void hc_pre(const HcPreArgs& a, cudaStream_t s);
 // X[t, k, :] = post[t, k] * y[t, :] + sum_i comb[t, i, k] * X[t, i, :]  ([official] bf16).
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
@@ -134,7 +137,8 @@ void compressor(const CompressorArgs& a, cudaStream_t s);
 void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
                     bool official, cudaStream_t s);
 // scores[t, w] = sum_h relu(q_th . k_w) * qscale * (wts[t, h] * wscale) ([official] bf16) for w < (pos0+t+1)/ratio,
-// -inf beyond; row stride ld_scores. Then topk[t, :] = indices of the k largest (ties: lower index), -1 padding.
+// -inf beyond; row stride ld_scores. Then topk[t, :] = indices of the k largest in order (score desc, ties: lower
+// index first), -1 padding; exact radix select + bitonic sort, k <= 2048.
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
                     int ratio, int64_t n_keys, bool official, float* scores, int64_t ld_scores, cudaStream_t s);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
@@ -142,7 +146,10 @@ void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int 
 
 // Sparse attention with sink. Rows per query t = pos0 + i: window positions max(0, t-W+1)..t (this chunk's kv for
 // positions >= pos0, else ring[p % W]), then compressed rows: kind 1 (CSA) topk[i, :] (skipping -1), kind 2 (HCA)
-// entries 0..(t+1)/ratio-1. scratch: n*H*max_rows floats. err: device flag (bit 1 = invisible entry selected).
+// entries 0..(t+1)/ratio-1. Split-KV over chunks of rows (all heads of a block share each KV row load), exact
+// global softmax with the sink added once. scratch: attend_scratch_floats(n, H, D, max_rows) floats (scores, per-chunk
+// stats, partial outputs); q, kv, ring, comp, scratch and o 16-byte aligned, D % 4 == 0, D <= 512.
+// err: device flag (bit 1 = invisible entry selected).
 struct AttendArgs {
   const float* q = nullptr;
   const float* kv = nullptr;
@@ -160,6 +167,7 @@ struct AttendArgs {
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio);
+int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows);
 
 // ring[(pos0 + i) % W] = kv[i] for the last min(n, W) rows.
 void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s);

@@ -30,7 +30,7 @@ fi
 # --- build ---------------------------------------------------------------------------------------------------------
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$jobs"
+if [ "$job" = test ]; then cmake --build build -j"$jobs"; else cmake --build build -j"$jobs" --target dsv4; fi
 
 # --- job -----------------------------------------------------------------------------------------------------------
 if [ "$job" = test ]; then

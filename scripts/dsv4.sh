@@ -29,8 +29,15 @@ fi
 
 # --- build ---------------------------------------------------------------------------------------------------------
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-if [ "$job" = test ]; then cmake --build build -j"$jobs"; else cmake --build build -j"$jobs" --target dsv4; fi
+if [ "$job" = test ]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON >/dev/null  # CUDA code is compiled wherever nvcc is
+  cmake --build build -j"$jobs"
+else
+  # The run job builds only the binary, and the CUDA backend only when a GPU is there to run it.
+  cuda=OFF; command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && cuda=ON
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=$cuda >/dev/null
+  cmake --build build -j"$jobs" --target dsv4
+fi
 
 # --- job -----------------------------------------------------------------------------------------------------------
 if [ "$job" = test ]; then

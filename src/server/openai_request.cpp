@@ -122,9 +122,10 @@ void finish_prompt(ApiRequest& r, const json& j, const ParseContext& ctx) {
   if (const json* t = field(j, "dsv4_test_completion")) {
     if (!ctx.test_hooks) bad_param("dsv4_test_completion", "test hooks are disabled on this server");
     if (!t->is_string()) bad_param("dsv4_test_completion", "must be a string");
-    r.gen.forced = ctx.tok.encode(t->get<std::string>());
+    // The script stands for what the model samples: tool_choice forcing still applies around it (a forced DSML
+    // opening comes first in chat mode, or right after the script's </think> in thinking mode).
+    ctx.tok.encode_append(t->get<std::string>(), r.gen.forced);
     r.gen.forced.push_back(kEos);
-    r.gen.forced_after_think.clear();
   }
 }
 

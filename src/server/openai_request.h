@@ -16,7 +16,8 @@ struct ParseContext {
   std::string served_model_name;
   // Test hook (`dsv4 serve --enable-test-hooks`, never on by default): the request field "dsv4_test_completion"
   // (a string) replaces sampling with that exact completion text (tokenized, then EOS), so tests can drive DSML tool
-  // calls and reasoning through the real parser / response / SSE code with a random-weight model.
+  // calls and reasoning through the real parser / response / SSE code with a random-weight model. Tokens forced by
+  // tool_choice stay forced: the script continues after them.
   bool test_hooks = false;
 };
 

@@ -189,12 +189,15 @@ void Scheduler::finish(Job& j, const char* why) {
     e.error = w;
     if (metrics_) metrics_->generation_finished("error", j.gen.request().prompt_ids.size(), 0, 0);
   }
+  {
+    // Free the slot before the client hears "done", so a client that sees the end never sees its slot busy.
+    std::lock_guard<std::mutex> l(m_);
+    Slot& s = slots_[static_cast<size_t>(j.slot)];
+    if (s.session) s.held = static_cast<int64_t>(s.session->tokens().size());
+    s.job = nullptr;
+    j.slot = -1;
+  }
   j.handle->push(std::move(e));
-  std::lock_guard<std::mutex> l(m_);
-  Slot& s = slots_[static_cast<size_t>(j.slot)];
-  if (s.session) s.held = static_cast<int64_t>(s.session->tokens().size());
-  s.job = nullptr;
-  j.slot = -1;
 }
 
 void Scheduler::loop() {

@@ -20,6 +20,12 @@ const char* numerics_name(Numerics n);
 Numerics parse_numerics(const std::string& s);  // throws on unknown names
 
 enum class HcSite { Attn, Ffn };
+
+// How the ops of a single-token forward step run (Backend::begin_decode_step). Eager: the model calls them as usual.
+// Record: the same, while the backend records them instead of running them (CUDA: stream capture into a graph, which
+// it runs at end_decode_step). Replay: the backend has already run a recording of the whole step at the new position;
+// the model skips the ops.
+enum class StepMode { Eager, Record, Replay };
 enum class CompressorKind { Main, Indexer };
 
 // A copy of the part of a sequence's state that later tokens overwrite: window rings, compressor running state and
@@ -87,6 +93,17 @@ class Backend {
   virtual void moe(int layer, const float* x, const int32_t* ids, int n, float* out) = 0;
   // hc_head collapse, final norm, LM head: logits[n, vocab].
   virtual void head(const float* X, int n, float* logits) = 0;
+
+  // Whole-step recording for single-token decode (CUDA graphs remove the per-kernel launch cost). Called by
+  // Forward::forward for n == 1 after the token id is uploaded: `buffers` identifies the caller's activation buffers
+  // (a recording has their addresses baked in), `head` says whether the step ends with head(). Every call is paired
+  // with end_decode_step (completed = false when an op threw: a recording in progress is discarded). The default
+  // (CPU) runs every step eagerly.
+  virtual StepMode begin_decode_step(const void* buffers, SequenceState& st, int64_t pos, bool head) {
+    (void)buffers, (void)st, (void)pos, (void)head;
+    return StepMode::Eager;
+  }
+  virtual void end_decode_step(bool completed) { (void)completed; }
 
   // MTP block (layer index n_layers; MODEL.md §5.11). Input fusion: Y[n, hc, d] = h_proj(rms(X_s, hnorm)) +
   // e_proj(rms(embed[next_ids], enorm)) for every stream s, where X are the main streams before hc_head and

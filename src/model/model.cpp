@@ -98,15 +98,24 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
   for (int i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at position ", pos0 + i, " is out of range [0, ", c.vocab_size, ")");
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
-  b.embed(ids_, n, X_);
-  for (int l = 0; l < c.n_layers; ++l) block(l, X_, n, pos0, st);
+  const int rows = last_only ? 1 : n;
+  // A single-token step may be recorded once and replayed whole by the backend (Backend::begin_decode_step); the
+  // ops and their order are the same either way.
+  const StepMode mode = n == 1 ? b.begin_decode_step(ids_, st, pos0, logits != nullptr) : StepMode::Eager;
+  try {
+    if (mode != StepMode::Replay) {
+      b.embed(ids_, n, X_);
+      for (int l = 0; l < c.n_layers; ++l) block(l, X_, n, pos0, st);
+      if (logits) b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, logits_);
+    }
+  } catch (...) {
+    if (n == 1) b.end_decode_step(false);
+    throw;
+  }
+  if (n == 1) b.end_decode_step(true);
   last_n_ = n;
   last_pos0_ = pos0;
-  if (logits) {
-    const int rows = last_only ? 1 : n;
-    b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, logits_);
-    b.download_f32(logits, logits_, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
-  }
+  if (logits) b.download_f32(logits, logits_, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
 }
 
 }  // namespace dsv4

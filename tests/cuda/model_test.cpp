@@ -3,8 +3,9 @@
 // argmax everywhere). Official numerics round to BF16/FP8/FP4 grids with power-of-two block scales, which makes the
 // tiny random fixtures chaotic: measured on the CPU alone (flash_fp8), moving half of the F32 weights by ONE ulp
 // changes official logits by rel L2 5.3e-2 (top-1 126/128) while reference logits move by 7e-7. CUDA vs CPU official
-// is held to that noise floor with a 2x margin: rel L2 <= 0.1, top-1 >= 90%. (Issue 6's acceptance, 2e-2 / 99.5%,
-// needs a bit-exact summation order or real-model data; see docs/BENCHMARKS.md "CUDA ops".)
+// is held to each checkpoint's own noise floor with a 2x margin (official_limits.h, re-measured by
+// noise_floor_test.cpp). (Issue 6's acceptance, 2e-2 / 99.5%, needs a bit-exact summation order or real-model data;
+// see docs/BENCHMARKS.md "CUDA ops".)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,8 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "model/tiny_model.h"
+#include "noise_floor.h"
+#include "official_limits.h"
 
 namespace dsv4::test {
 namespace {
@@ -62,8 +65,9 @@ void check_model_dir(const std::string& label, const std::string& dir, const std
         EXPECT_LE(c.rel, 1e-4) << label << " chunk " << chunk;
         EXPECT_EQ(c.agree, c.T) << label << " chunk " << chunk;
       } else {
-        EXPECT_LE(c.rel, 0.1) << label << " chunk " << chunk;
-        EXPECT_GE(static_cast<double>(c.agree), 0.9 * static_cast<double>(c.T)) << label << " chunk " << chunk;
+        const OfficialLimit lim = official_limit(label);
+        EXPECT_LE(c.rel, lim.rel) << label << " chunk " << chunk;
+        EXPECT_GE(static_cast<double>(c.agree), lim.top1 * static_cast<double>(c.T)) << label << " chunk " << chunk;
       }
     }
   }
@@ -84,17 +88,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture, ::testing::ValuesIn(fixture_case
 class CudaTiny : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
 TEST_P(CudaTiny, MatchesCpu) {
   const auto [format, schedule] = GetParam();
-  const std::string dir = std::string(DSV4_BINARY_DIR) + "/cuda_tiny_" + format + "_" + schedule;
-  std::filesystem::create_directories(dir);
-  TinySpec sp;
-  sp.format = format;
-  sp.schedule = schedule;
-  sp.seed = 7;
-  sp.vocab = 512;
-  write_tiny_model(dir, sp);
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 150; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % sp.vocab));
-  check_model_dir(format + "/" + schedule, dir, ids);
+  check_model_dir(format + "/" + schedule, tiny_model_dir(format, schedule), tiny_ids());
 }
 INSTANTIATE_TEST_SUITE_P(Formats, CudaTiny,
                          ::testing::Values(std::make_pair("bf16", "flash"), std::make_pair("fp8", "flash"),

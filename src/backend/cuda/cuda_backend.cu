@@ -85,6 +85,11 @@ struct DevLayer {
   int64_t esb1 = 0, esb2 = 0;
   bool has_shared = false;
   DevLinear sw1, sw2, sw3;
+  // MTP block only (layer index n_layers).
+  bool mtp = false;
+  DevLinear e_proj, h_proj;
+  float *enorm = nullptr, *hnorm = nullptr, *mtp_norm = nullptr;
+  DevHc mtp_hc_head;
 };
 
 struct DevLayerState {
@@ -93,6 +98,20 @@ struct DevLayerState {
   float *idx = nullptr, *iK = nullptr, *iZ = nullptr;
   int64_t cap = 0, n_comp = 0, n_idx = 0;  // entry counts, mirrored on the host (deterministic from positions)
   int64_t comp_state = 0, idx_state = 0;   // floats in cK/cZ and iK/iZ
+};
+
+// A recorded single-token step (CUDA graph) for one (activation buffers, with/without head) pair of a sequence. The
+// graph has the addresses of the sequence state, the caller's buffers and the backend's scratch baked in; it reads
+// the step's position from the backend's device scalar, so one recording serves every later position.
+struct DecodeGraph {
+  const void* buffers = nullptr;
+  bool head = false;
+  bool warmed = false;          // one eager step in graph mode has sized every scratch buffer for this key
+  uint64_t scratch_gen = 0;     // the scratch generation the recording points into
+  cudaGraphExec_t exec = nullptr;
+  ~DecodeGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
 };
 
 class CudaSequence final : public SequenceState {
@@ -138,9 +157,84 @@ class CudaSequence final : public SequenceState {
     }
     DSV4_CU(cudaStreamSynchronize(s_));
   }
+
+  // Snapshots mirror the CPU backend: device copies of what later tokens overwrite (window rings, compressor running
+  // state) plus the entry counts; compressed entries are append-only, so restore only truncates the counts.
+  bool supports_snapshots() const override { return true; }
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    auto snap = std::make_unique<Snapshot>();
+    const size_t ring = static_cast<size_t>(c_.window * c_.head_dim);
+    for (const DevLayerState& st : layers_) {
+      Snapshot::Layer l;
+      l.ring = copy_out(snap->heap, st.ring, ring);
+      l.cK = copy_out(snap->heap, st.cK, static_cast<size_t>(st.comp_state));
+      l.cZ = copy_out(snap->heap, st.cZ, static_cast<size_t>(st.comp_state));
+      l.iK = copy_out(snap->heap, st.iK, static_cast<size_t>(st.idx_state));
+      l.iZ = copy_out(snap->heap, st.iZ, static_cast<size_t>(st.idx_state));
+      l.comp_state = st.comp_state, l.idx_state = st.idx_state;
+      l.n_comp = st.n_comp, l.n_idx = st.n_idx;
+      snap->layers.push_back(l);
+    }
+    snap->ring = ring;
+    return snap;
+  }
+  void restore(const StateSnapshot& base) override {
+    const auto* snap = dynamic_cast<const Snapshot*>(&base);
+    if (!snap || snap->layers.size() != layers_.size() || snap->ring != static_cast<size_t>(c_.window * c_.head_dim))
+      fail("restore: snapshot does not belong to this sequence");
+    for (size_t l = 0; l < layers_.size(); ++l)
+      if (snap->layers[l].comp_state != layers_[l].comp_state || snap->layers[l].idx_state != layers_[l].idx_state ||
+          snap->layers[l].n_comp > layers_[l].cap || snap->layers[l].n_idx > layers_[l].cap)
+        fail("restore: snapshot does not belong to this sequence (layer ", l, " differs)");
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Snapshot::Layer& a = snap->layers[l];
+      DevLayerState& st = layers_[l];
+      copy_in(st.ring, a.ring, snap->ring);
+      copy_in(st.cK, a.cK, static_cast<size_t>(st.comp_state));
+      copy_in(st.cZ, a.cZ, static_cast<size_t>(st.comp_state));
+      copy_in(st.iK, a.iK, static_cast<size_t>(st.idx_state));
+      copy_in(st.iZ, a.iZ, static_cast<size_t>(st.idx_state));
+      st.n_comp = a.n_comp;
+      st.n_idx = a.n_idx;
+    }
+  }
+
+  // The recording for (buffers, head), created empty on first use.
+  DecodeGraph& graph(const void* buffers, bool head) {
+    for (auto& g : graphs_)
+      if (g->buffers == buffers && g->head == head) return *g;
+    graphs_.push_back(std::make_unique<DecodeGraph>());
+    graphs_.back()->buffers = buffers;
+    graphs_.back()->head = head;
+    return *graphs_.back();
+  }
+
   std::vector<DevLayerState> layers_;
 
  private:
+  struct Snapshot final : StateSnapshot {
+    struct Layer {
+      float *ring = nullptr, *cK = nullptr, *cZ = nullptr, *iK = nullptr, *iZ = nullptr;
+      int64_t comp_state = 0, idx_state = 0, n_comp = 0, n_idx = 0;
+    };
+    DevHeap heap;  // freed (cudaFree synchronizes the device) when the snapshot goes away
+    std::vector<Layer> layers;
+    size_t ring = 0;
+  };
+  // Stream-ordered device-to-device copies: a snapshot taken after a step sees the step's writes, and later steps
+  // (same stream) cannot overwrite the source before the copy ran.
+  float* copy_out(DevHeap& heap, const float* src, size_t n) const {
+    if (!src || n == 0) return nullptr;
+    float* dst = static_cast<float*>(heap.alloc(n * 4));
+    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s_));
+    return dst;
+  }
+  void copy_in(float* dst, const float* src, size_t n) const {
+    if (!dst || n == 0) return;
+    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s_));
+  }
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;
+
   ModelConfig c_;
   int64_t max_ctx_;
   cudaStream_t s_;
@@ -149,7 +243,7 @@ class CudaSequence final : public SequenceState {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  explicit CudaBackend(const CudaOptions& o) : opts_(o) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
@@ -157,6 +251,8 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
+    dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
+    DSV4_CU(cudaMemset(dpos_, 0, sizeof(int64_t)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
@@ -186,6 +282,8 @@ class CudaBackend final : public Backend {
     norm_ = heap_.upload_f32(w.norm);
     hc_head_ = hc(w.hc_head);
     for (const LayerWeights& lw : w.layers) layers_.push_back(load_layer(lw));
+    // The MTP block is layer n_layers (as on the CPU): its sequence state comes with every new_sequence.
+    if (w.mtp) layers_.push_back(load_layer(*w.mtp));
   }
 
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override {
@@ -228,6 +326,61 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Decode graphs. First step of a key: eager in graph mode (kernels read the position from dpos_ and scratch is sized
+  // for the sequence's max context, so nothing depends on the host-side position any more); second: the same ops
+  // captured into a graph, then run; later: the host-side state bookkeeping plus one graph launch.
+  StepMode begin_decode_step(const void* buffers, SequenceState& sst, int64_t pos, bool head) override {
+    if (!opts_.decode_graphs) return StepMode::Eager;
+    if (step_) fail("CUDA backend: begin_decode_step while a step is in progress");
+    auto& S = static_cast<CudaSequence&>(sst);
+    DecodeGraph& g = S.graph(buffers, head);
+    if (g.exec && g.scratch_gen != scratch_gen_) {  // a scratch buffer moved since the recording: record again
+      DSV4_CU(cudaGraphExecDestroy(g.exec));
+      g.exec = nullptr;
+      g.warmed = false;
+    }
+    // Pageable source: the copy is staged before the call returns, so `pos` may go out of scope.
+    DSV4_CU(cudaMemcpyAsync(dpos_, &pos, sizeof(int64_t), cudaMemcpyHostToDevice, s_));
+    if (g.exec) {
+      advance_counts(S, pos);  // what compressor_step does on the host for the main layers
+      DSV4_CU(cudaGraphLaunch(g.exec, s_));
+      ++replays_;
+      return StepMode::Replay;
+    }
+    step_ = &g;
+    dyn_ = true;
+    if (!g.warmed) return StepMode::Eager;
+    // Thread-local capture: other threads' CUDA calls are unaffected; an illegal call on this thread fails loudly.
+    DSV4_CU(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    return StepMode::Record;
+  }
+
+  void end_decode_step(bool completed) override {
+    if (!step_) return;
+    DecodeGraph& g = *step_;
+    step_ = nullptr;
+    dyn_ = false;
+    if (!capturing_) {
+      if (completed) g.warmed = true;
+      return;
+    }
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(s_, &graph);
+    if (!completed) {
+      if (graph) cudaGraphDestroy(graph);
+      return;
+    }
+    DSV4_CU(e);
+    const cudaError_t ie = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DSV4_CU(ie);
+    g.scratch_gen = scratch_gen_;
+    ++captures_;
+    DSV4_CU(cudaGraphLaunch(g.exec, s_));  // the captured ops were recorded, not run: run this step now
+  }
+
   void embed(const int32_t* ids, int n, float* X) override {
     cuda::embed(embed_, embed_dtype_, c_.hidden, ids, n, c_.hc_mult, X, s_);
   }
@@ -262,7 +415,7 @@ class CudaBackend final : public Backend {
     lin(L.wq_b, qr, n, q);
     cuda::NormRopeArgs b;
     b.x = q, b.y = q, b.rows = n * H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
-    b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_;
+    b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_, b.dpos = dpos();
     cuda::norm_rope(b, s_);
     lin(L.wkv, x, n, tmp);
     cuda::NormRopeArgs k = b;
@@ -292,6 +445,7 @@ class CudaBackend final : public Backend {
     a.ape = C.ape, a.norm_w = C.norm, a.eps = c_.rms_eps, a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq;
     a.official = official_, a.main = main;
     a.sK = main ? S.cK : S.iK, a.sZ = main ? S.cZ : S.iZ, a.cache = main ? S.comp : S.idx, a.count0 = count;
+    a.dpos = dpos();
     cuda::compressor(a, s_);
     count += emitted;
   }
@@ -310,11 +464,13 @@ class CudaBackend final : public Backend {
     lin(L.idx_wq_b, qr, n, qI);
     plain(L.idx_wproj, x, n, wI);
     if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
-    cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_);
-    const int64_t ld = std::max<int64_t>(1, visible_end);
+    cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_, dpos());
+    // Graph mode: a position-independent score row (the whole cache capacity; keys past the visible ones are -inf
+    // and never read by the top-k).
+    const int64_t ld = dyn_ ? S.cap : std::max<int64_t>(1, visible_end);
     float* sc = scratch(13, static_cast<size_t>(n * ld));
-    cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_);
-    cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_);
+    cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_, dpos());
+    cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_, dpos());
   }
 
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
@@ -329,7 +485,9 @@ class CudaBackend final : public Backend {
     a.q = q, a.kv = kv, a.ring = S.ring, a.comp = S.comp, a.topk = topk, a.sink = L.sink;
     a.n = n, a.H = c_.n_heads, a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
     a.D = c_.head_dim, a.pos0 = pos0, a.n_comp = S.n_comp, a.official = official_;
-    a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, pos0 + n, a.ratio);
+    // Graph mode: scratch and launch shape for the sequence's capacity; the kernels use the step's actual rows.
+    a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, dyn_ ? sst.max_context() : pos0 + n, a.ratio);
+    a.dpos = dpos();
     a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(n, a.H, a.D, a.max_rows)));
     a.o = o, a.err = err_;
     cuda::attend(a, s_);
@@ -337,7 +495,7 @@ class CudaBackend final : public Backend {
 
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
     DevLayerState& S = seq(sst, layer);
-    cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_);
+    cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_, dpos());
   }
 
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
@@ -348,6 +506,7 @@ class CudaBackend final : public Backend {
     cuda::NormRopeArgs a;
     a.x = o, a.y = u, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
     a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
+    a.dpos = dpos();
     cuda::norm_rope(a, s_);
     float* z = scratch(6, static_cast<size_t>(n) * G * ro);
     // Grouped wo_a: CPU applies no activation quantization here (plain dot), then BF16 rounding in official mode.
@@ -409,23 +568,78 @@ class CudaBackend final : public Backend {
     cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
   }
 
-  void head(const float* X, int n, float* logits) override {
+  void head(const float* X, int n, float* logits) override { final_head(hc_head_, norm_, X, n, logits); }
+
+  // MTP input fusion, as the CPU: e = rms(embed[next], enorm) [bf16] -> e_proj; h_s = rms(X_s, hnorm) [bf16] ->
+  // h_proj (all streams as rows); Y_s = h_proj(h_s) + e_proj(e) [bf16].
+  void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y) override {
+    const DevLayer& M = mtp_layer();
+    const int hc = c_.hc_mult;
+    const int64_t d = c_.hidden;
+    float* e = scratch(24, static_cast<size_t>(n) * d);
+    cuda::embed(embed_, embed_dtype_, d, next_ids, n, 1, e, s_);
+    cuda::NormRopeArgs a;
+    a.x = e, a.y = e, a.rows = n, a.len = d, a.w = M.enorm, a.eps = c_.rms_eps, a.official = official_;
+    cuda::norm_rope(a, s_);
+    float* ep = scratch(25, static_cast<size_t>(n) * d);
+    lin(M.e_proj, e, n, ep);
+    float* hs = scratch(26, static_cast<size_t>(n) * hc * d);
+    cuda::NormRopeArgs b = a;
+    b.x = X, b.y = hs, b.rows = n * hc, b.w = M.hnorm;
+    cuda::norm_rope(b, s_);
+    float* hp = scratch(27, static_cast<size_t>(n) * hc * d);
+    lin(M.h_proj, hs, n * hc, hp);
+    cuda::add_streams(hp, ep, n, hc, d, official_, Y, s_);
+  }
+
+  void mtp_head(const float* Y, int n, float* logits) override {
+    const DevLayer& M = mtp_layer();
+    final_head(M.mtp_hc_head, M.mtp_norm, Y, n, logits);
+  }
+
+  // Graph bookkeeping, for tests and benchmarks.
+  int captures() const { return captures_; }
+  int replays() const { return replays_; }
+
+ private:
+  // Layer lookups with a clear error for indices the backend did not load (e.g. the MTP block of a checkpoint without one).
+  const DevLayer& lay(int layer) const {
+    if (layer < 0 || static_cast<size_t>(layer) >= layers_.size())
+      fail("CUDA backend: layer ", layer, " is not loaded (", layers_.size(), " layers including any MTP block)");
+    return layers_[static_cast<size_t>(layer)];
+  }
+  const DevLayer& mtp_layer() const {
+    if (layers_.size() <= static_cast<size_t>(c_.n_layers) || !layers_[static_cast<size_t>(c_.n_layers)].mtp)
+      fail("this checkpoint has no MTP block");
+    return layers_[static_cast<size_t>(c_.n_layers)];
+  }
+  // The device position in graph mode (kernels read it instead of their pos0 argument), else null.
+  const int64_t* dpos() const { return dyn_ ? dpos_ : nullptr; }
+
+  // Replay of a recorded step: the host-side entry counts advance as compressor_step would advance them for the
+  // main layers (the MTP block runs eagerly through forward_mtp).
+  void advance_counts(CudaSequence& S, int64_t pos) {
+    for (int l = 0; l < c_.n_layers; ++l) {
+      const DevLayer& L = layers_[static_cast<size_t>(l)];
+      DevLayerState& st = S.layers_[static_cast<size_t>(l)];
+      const int64_t emitted = L.ratio > 0 ? (pos + 1) / L.ratio - pos / L.ratio : 0;
+      if ((L.has_comp || L.has_idx) && std::max(st.n_comp, st.n_idx) + emitted > st.cap)
+        fail("compressed cache of layer ", l, " is full (max context ", S.max_context(), ")");
+      if (L.has_comp) st.n_comp += emitted;
+      if (L.has_idx) st.n_idx += emitted;
+    }
+  }
+
+  // hc_head collapse (sigmoid weights, no Sinkhorn), RMSNorm, LM head: the main head and the MTP head.
+  void final_head(const DevHc& hh, const float* norm, const float* X, int n, float* logits) {
     float* h = scratch(8, static_cast<size_t>(n) * c_.hidden);
     cuda::HcPreArgs a;
     a.X = X, a.n = n, a.hc = c_.hc_mult, a.d = c_.hidden;
-    a.fn = hc_head_.fn, a.base = hc_head_.base, a.scale = hc_head_.scale, a.norm_w = norm_;
+    a.fn = hh.fn, a.base = hh.base, a.scale = hh.scale, a.norm_w = norm;
     a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps, a.official = official_, a.x = h, a.head = true;
     a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
     cuda::hc_pre(a, s_);
     plain(head_, h, n, logits);
-  }
-
- private:
-  // Layer lookups with a clear error for indices the backend did not load (e.g. the MTP block, not on CUDA yet).
-  const DevLayer& lay(int layer) const {
-    if (layer < 0 || static_cast<size_t>(layer) >= layers_.size())
-      fail("CUDA backend: layer ", layer, " is not loaded (", layers_.size(), " layers; the MTP block is not implemented on CUDA yet)");
-    return layers_[static_cast<size_t>(layer)];
   }
   DevLayerState& seq(SequenceState& sst, int layer) const {
     auto& v = static_cast<CudaSequence&>(sst).layers_;
@@ -516,6 +730,15 @@ class CudaBackend final : public Backend {
       L.sw2 = heap_.linear(lw.shared->w2);
       L.sw3 = heap_.linear(lw.shared->w3);
     }
+    if (lw.e_proj.weight) {
+      L.mtp = true;
+      L.e_proj = heap_.linear(lw.e_proj);
+      L.h_proj = heap_.linear(lw.h_proj);
+      L.enorm = heap_.upload_f32(lw.enorm);
+      L.hnorm = heap_.upload_f32(lw.hnorm);
+      L.mtp_norm = heap_.upload_f32(lw.mtp_norm);
+      L.mtp_hc_head = hc(lw.mtp_hc_head);
+    }
     return L;
   }
 
@@ -545,6 +768,10 @@ class CudaBackend final : public Backend {
     if (v.size() <= static_cast<size_t>(slot)) v.resize(static_cast<size_t>(slot) + 1, {nullptr, 0});
     auto& b = v[static_cast<size_t>(slot)];
     if (b.second < bytes) {
+      // A recording points into the scratch buffers: growing one during a capture would leave the graph with a
+      // freed address. The warm-up step sizes everything first, so this is a bug, not a user error.
+      if (capturing_) fail("CUDA backend: scratch slot ", slot, " grew during decode-graph capture");
+      ++scratch_gen_;  // recordings made before this point are stale
       if (b.first) {
         DSV4_CU(cudaStreamSynchronize(s_));
         DSV4_CU(cudaFree(b.first));
@@ -556,9 +783,16 @@ class CudaBackend final : public Backend {
     return b.first;
   }
 
+  CudaOptions opts_;
   ModelConfig c_;
   bool official_ = false;
   cudaStream_t s_ = nullptr;
+  int64_t* dpos_ = nullptr;       // the position of the step being run in graph mode (device scalar)
+  bool dyn_ = false;              // ops in graph mode: kernels read dpos_, scratch sized for the max context
+  bool capturing_ = false;
+  DecodeGraph* step_ = nullptr;   // the recording the current begin/end_decode_step pair works on
+  uint64_t scratch_gen_ = 0;
+  int captures_ = 0, replays_ = 0;
   DevHeap heap_;
   int* err_ = nullptr;
   const void* embed_ = nullptr;
@@ -572,6 +806,12 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& opts) { return std::make_unique<CudaBackend>(opts); }
+
+CudaGraphStats cuda_graph_stats(const Backend& b) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  if (!c) fail("cuda_graph_stats: the ", b.name(), " backend is not the CUDA backend");
+  return CudaGraphStats{c->captures(), c->replays()};
+}
 
 }  // namespace dsv4

@@ -219,7 +219,8 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
   }
   const int R = static_cast<int>(a.rope_dim), nope = len - R;
   if (R > 0) {
-    block_rope(v + nope, a.inv_freq, R / 2, a.pos0 + row / a.rows_per_token, a.inverse);
+    const int64_t pos0 = a.dpos ? *a.dpos : a.pos0;
+    block_rope(v + nope, a.inv_freq, R / 2, pos0 + row / a.rows_per_token, a.inverse);
     if (a.official) block_round_bf16(v + nope, R);
   }
   if (a.official && a.sim8_block > 0) block_fake_quant(v, nope, a.sim8_block, 8);
@@ -390,9 +391,11 @@ __global__ void compressor_kernel(CompressorArgs a) {
   const int m = a.ratio;
   const int c = static_cast<int>(a.width);
   const int W = a.overlap ? 2 * c : c;
+  const int64_t pos0 = a.dpos ? *a.dpos : a.pos0;
+  const int64_t count0 = a.dpos ? pos0 / m : a.count0;
   int64_t emitted = 0;
   for (int i = 0; i < a.n; ++i) {
-    const int64_t t = a.pos0 + i;
+    const int64_t t = pos0 + i;
     const int r = static_cast<int>(t % m);
     const int row = a.overlap ? m + r : r;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
@@ -442,16 +445,25 @@ __global__ void compressor_kernel(CompressorArgs a) {
         block_fake_quant(entry, c, 32, 4);
       }
     }
-    float* dst = a.cache + (a.count0 + emitted) * c;
+    float* dst = a.cache + (count0 + emitted) * c;
     for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = entry[j];
     ++emitted;
     __syncthreads();
   }
 }
 
+__global__ void add_streams_kernel(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y) {
+  const int64_t total = static_cast<int64_t>(n) * hc * d;
+  for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = hp[x] + ep[(x / (hc * d)) * d + x % d];
+    Y[x] = official ? bf16r(v) : v;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
-                                 bool official) {
+                                 bool official, const int64_t* dpos) {
+  if (dpos) pos0 = *dpos;
   extern __shared__ float v[];
   const int row = blockIdx.x;
   float* qh = q + row * Di;
@@ -477,7 +489,11 @@ constexpr int kIdxGroupHeads = 16;
 
 __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
-                                                         bool official, float* scores, int64_t ld) {
+                                                         bool official, float* scores, int64_t ld, const int64_t* dpos) {
+  if (dpos) {  // graph mode: the chunk (gridDim.y tokens) has made (pos0 + n) / ratio entries exist
+    pos0 = *dpos;
+    n_keys = (pos0 + gridDim.y) / ratio;
+  }
   extern __shared__ __align__(16) float qs[];  // heads * Di, then heads weights
   __shared__ double part[4][kIdxKeys];
   const int t = blockIdx.y;
@@ -564,7 +580,9 @@ __device__ __forceinline__ int block_scan_flag(bool f, int* wsum, int* total) {
 }
 
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
-                                                                 int k, int P, int cache, int32_t* topk) {
+                                                                 int k, int P, int cache, int32_t* topk,
+                                                                 const int64_t* dpos) {
+  if (dpos) pos0 = *dpos;
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
@@ -698,15 +716,27 @@ constexpr int kAttMaxD = 512;
 
 struct AttSplit {
   int nchunks, rows_per_chunk;
+  int bound;  // nchunks <= bound for every max_rows' <= max_rows (graph mode launches this many)
 };
-AttSplit att_split(int n, int H, int64_t max_rows) {
+// Host and device: graph mode recomputes the chunking in the kernels from the step's actual row count.
+__host__ __device__ inline int64_t att_max(int64_t a, int64_t b) { return a > b ? a : b; }
+__host__ __device__ inline AttSplit att_split(int n, int H, int64_t max_rows) {
   const int hg = (H + kAttHeads - 1) / kAttHeads;
-  const int64_t want = std::max<int64_t>(1, (264 + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
-  const int64_t tiles = std::max<int64_t>(1, (max_rows + kAttTile - 1) / kAttTile);
-  const int64_t nc = std::min(want, tiles);
-  const int64_t cr = (max_rows + nc - 1) / nc;
-  return AttSplit{static_cast<int>(std::max<int64_t>(1, (max_rows + std::max<int64_t>(cr, 1) - 1) / std::max<int64_t>(cr, 1))),
-                  static_cast<int>(std::max<int64_t>(cr, 1))};
+  const int64_t want = att_max(1, (264 + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
+  const int64_t tiles = att_max(1, (max_rows + kAttTile - 1) / kAttTile);
+  const int64_t nc = want < tiles ? want : tiles;
+  const int64_t cr = att_max(1, (max_rows + nc - 1) / nc);
+  return AttSplit{static_cast<int>(att_max(1, (max_rows + cr - 1) / cr)), static_cast<int>(cr), static_cast<int>(nc)};
+}
+__host__ __device__ inline int64_t att_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
+  return window + (kind == 1 ? topk_k : (kind == 2 ? pos_end / ratio : 0));
+}
+// Graph mode: the position and everything derived from it, read on the device (a is the kernel's own copy).
+__device__ __forceinline__ void att_resolve(AttendArgs& a, int& cr) {
+  if (!a.dpos) return;
+  a.pos0 = *a.dpos;
+  a.n_comp = (a.pos0 + a.n) / a.ratio;
+  cr = att_split(a.n, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + a.n, a.ratio)).rows_per_chunk;
 }
 
 struct AttGeom {
@@ -748,6 +778,7 @@ __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nc
   __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
   __shared__ const float* rp[kAttTile];
   __shared__ int valid[kAttTile];
+  att_resolve(a, cr);
   const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
   const int hn = min(kAttHeads, a.H - h0);
   const AttGeom g = att_geom(a, i);
@@ -817,6 +848,7 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
   __shared__ float P[kAttHeads][kAttTile];
   __shared__ float Ms[kAttHeads];
   __shared__ double Zs[kAttHeads];
+  att_resolve(a, cr);
   const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
   const int hn = min(kAttHeads, a.H - h0);
   const AttGeom g = att_geom(a, i);
@@ -889,7 +921,9 @@ __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, 
   }
 }
 
-__global__ void window_store_kernel(const float* kv, int first, int n, int64_t pos0, int window, int64_t D, float* ring) {
+__global__ void window_store_kernel(const float* kv, int first, int n, int64_t pos0, int window, int64_t D, float* ring,
+                                    const int64_t* dpos) {
+  if (dpos) pos0 = *dpos;
   const int64_t total = static_cast<int64_t>(n - first) * D;
   for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = first + x / D, e = x % D;
@@ -1454,14 +1488,15 @@ void compressor(const CompressorArgs& a, cudaStream_t s) {
 }
 
 void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
-                    bool official, cudaStream_t s) {
+                    bool official, cudaStream_t s, const int64_t* dpos) {
   if (n <= 0) return;
-  indexer_q_kernel<<<n * heads, 128, static_cast<size_t>(Di) * 4, s>>>(q, heads, Di, R, inv_freq, pos0, official);
+  indexer_q_kernel<<<n * heads, 128, static_cast<size_t>(Di) * 4, s>>>(q, heads, Di, R, inv_freq, pos0, official, dpos);
   DSV4_LAUNCHED();
 }
 
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
-                    int ratio, int64_t n_keys, bool official, float* scores, int64_t ld, cudaStream_t s) {
+                    int ratio, int64_t n_keys, bool official, float* scores, int64_t ld, cudaStream_t s,
+                    const int64_t* dpos) {
   if (n <= 0 || ld <= 0) return;
   if (Di % 4 != 0 || heads > 4 * kIdxGroupHeads)
     fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", 4 * kIdxGroupHeads);
@@ -1469,11 +1504,12 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
   const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
   set_smem(reinterpret_cast<const void*>(indexer_scores_v2), sm);
   indexer_scores_v2<<<dim3(blocks_for(ld, kIdxKeys), n), 256, sm, s>>>(q, wts, keys, heads, Di, pos0, ratio, n_keys, official,
-                                                                       scores, ld);
+                                                                       scores, ld, dpos);
   DSV4_LAUNCHED();
 }
 
-void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s) {
+void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s,
+               const int64_t* dpos) {
   if (n <= 0) return;
   if (k > kTopkMaxK) fail("top-k: k = ", k, " exceeds the kernel's limit of ", kTopkMaxK);
   int P = 1;
@@ -1483,17 +1519,17 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   const int cache = static_cast<int>(std::min<int64_t>(ld, cache_cap));
   const size_t sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
-  topk_radix_kernel<<<n, kTopkThreads, sm, s>>>(scores, ld, pos0, ratio, k, P, cache, topk);
+  topk_radix_kernel<<<n, kTopkThreads, sm, s>>>(scores, ld, pos0, ratio, k, P, cache, topk, dpos);
   DSV4_LAUNCHED();
 }
 
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
-  return window + (kind == 1 ? topk_k : (kind == 2 ? pos_end / ratio : 0));
+  return att_max_rows(window, kind, topk_k, pos_end, ratio);
 }
 
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
-  const AttSplit sp = att_split(n, H, max_rows);
-  return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.nchunks * H * (2 + D) + 8;  // + alignment
+  const AttSplit sp = att_split(n, H, max_rows);  // room for sp.bound chunks: graph mode launches that many
+  return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.bound * H * (2 + D) + 8;  // + alignment
 }
 
 void attend(const AttendArgs& a, cudaStream_t s) {
@@ -1502,22 +1538,26 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
   const AttSplit sp = att_split(a.n, a.H, a.max_rows);
+  // Graph mode launches the most chunks any position up to the capacity can need; the kernels recompute the actual
+  // chunking, so the extra chunks are empty (max -inf, zero partials) and change no sum.
+  const int nchunks = a.dpos ? sp.bound : sp.nchunks;
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
   float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
-  float* part = stats + up4(static_cast<int64_t>(a.n) * sp.nchunks * a.H * 2);
-  const dim3 grid(sp.nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
-  attend_scores_kernel<<<grid, 256, 0, s>>>(a, sp.nchunks, sp.rows_per_chunk, stats);
+  float* part = stats + up4(static_cast<int64_t>(a.n) * nchunks * a.H * 2);
+  const dim3 grid(nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
+  attend_scores_kernel<<<grid, 256, 0, s>>>(a, nchunks, sp.rows_per_chunk, stats);
   DSV4_LAUNCHED();
-  attend_pv_kernel<<<grid, 256, 0, s>>>(a, sp.nchunks, sp.rows_per_chunk, stats, part);
+  attend_pv_kernel<<<grid, 256, 0, s>>>(a, nchunks, sp.rows_per_chunk, stats, part);
   DSV4_LAUNCHED();
-  attend_merge_kernel<<<grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s>>>(part, a.n, a.H, a.D, sp.nchunks, a.official, a.o);
+  attend_merge_kernel<<<grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s>>>(part, a.n, a.H, a.D, nchunks, a.official, a.o);
   DSV4_LAUNCHED();
 }
 
-void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s) {
+void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s,
+                  const int64_t* dpos) {
   const int first = n > window ? n - window : 0;
   if (n <= 0) return;
-  window_store_kernel<<<grid_1d(static_cast<int64_t>(n - first) * D), 256, 0, s>>>(kv, first, n, pos0, window, D, ring);
+  window_store_kernel<<<grid_1d(static_cast<int64_t>(n - first) * D), 256, 0, s>>>(kv, first, n, pos0, window, D, ring, dpos);
   DSV4_LAUNCHED();
 }
 
@@ -1598,6 +1638,12 @@ void swiglu(const float* g, const float* u, int64_t count, float limit, bool off
 void moe_reduce(const float* y, const float* ys, int n, int k, int64_t d, bool official, float* out, cudaStream_t s) {
   if (n <= 0) return;
   moe_reduce_kernel<<<grid_1d(static_cast<int64_t>(n) * d), 256, 0, s>>>(y, ys, n, k, d, official, out);
+  DSV4_LAUNCHED();
+}
+
+void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y, cudaStream_t s) {
+  if (n <= 0) return;
+  add_streams_kernel<<<grid_1d(static_cast<int64_t>(n) * hc * d), 256, 0, s>>>(hp, ep, n, hc, d, official, Y);
   DSV4_LAUNCHED();
 }
 

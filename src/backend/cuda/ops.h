@@ -76,6 +76,7 @@ struct NormRopeArgs {
   bool inverse = false;
   bool official = false;
   int sim8_block = 0;        // 64 for the window KV in official numerics
+  const int64_t* dpos = nullptr;  // graph mode: pos0 is read from this device scalar instead (see DecodeGraph)
 };
 void norm_rope(const NormRopeArgs& a, cudaStream_t s);
 
@@ -130,19 +131,25 @@ struct CompressorArgs {
   float* sZ = nullptr;
   float* cache = nullptr;
   int64_t count0 = 0;
+  // Graph mode: pos0 is read from this device scalar and count0 = pos0 / ratio (the entry count is a function of
+  // the position: a sequence of p tokens has emitted p / ratio entries).
+  const int64_t* dpos = nullptr;
 };
 void compressor(const CompressorArgs& a, cudaStream_t s);
 
 // Indexer queries in place: q [n, Hi, Di]: rope (last R dims, position pos0 + t); [official] bf16, Hadamard, bf16, SIM4.
+// Graph mode (all position-dependent launchers below): dpos != null replaces pos0 by the device scalar *dpos, and
+// every count derived from it (visible / existing entries) is recomputed in the kernel.
 void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
-                    bool official, cudaStream_t s);
+                    bool official, cudaStream_t s, const int64_t* dpos = nullptr);
 // scores[t, w] = sum_h relu(q_th . k_w) * qscale * (wts[t, h] * wscale) ([official] bf16) for w < (pos0+t+1)/ratio,
 // -inf beyond; row stride ld_scores. Then topk[t, :] = indices of the k largest in order (score desc, ties: lower
 // index first), -1 padding; exact radix select + bitonic sort, k <= 2048.
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
-                    int ratio, int64_t n_keys, bool official, float* scores, int64_t ld_scores, cudaStream_t s);
+                    int ratio, int64_t n_keys, bool official, float* scores, int64_t ld_scores, cudaStream_t s,
+                    const int64_t* dpos = nullptr);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
-               cudaStream_t s);
+               cudaStream_t s, const int64_t* dpos = nullptr);
 
 // Sparse attention with sink. Rows per query t = pos0 + i: window positions max(0, t-W+1)..t (this chunk's kv for
 // positions >= pos0, else ring[p % W]), then compressed rows: kind 1 (CSA) topk[i, :] (skipping -1), kind 2 (HCA)
@@ -164,13 +171,18 @@ struct AttendArgs {
   int64_t max_rows = 0;
   float* o = nullptr;
   int* err = nullptr;
+  // Graph mode: pos0 from this device scalar, n_comp = (pos0 + n) / ratio, and the split-KV chunking recomputed in
+  // the kernels from the actual row count (max_rows is then the capacity bound, launched chunks beyond the actual
+  // ones stay empty), so a replayed step sums in exactly the order of an eager one.
+  const int64_t* dpos = nullptr;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio);
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows);
 
 // ring[(pos0 + i) % W] = kv[i] for the last min(n, W) rows.
-void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s);
+void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s,
+                  const int64_t* dpos = nullptr);
 
 // Router: logits [n, E] -> sel [n, k], wts [n, k]. func: 0 sqrtsoftplus, 1 sigmoid, 2 softmax. Hash layers
 // (tid2eid != null) take sel from tid2eid[ids[t]]; otherwise top-k of score + bias (ties: lower index).
@@ -218,6 +230,9 @@ void expert_down(const ExpertArgs& a, cudaStream_t s);
 void swiglu(const float* g, const float* u, int64_t count, float limit, bool official, float* act, cudaStream_t s);
 // out[t, :] = sum_j y[t, j, :] (+ ys[t, :]) in double, [official] bf16.
 void moe_reduce(const float* y, const float* ys, int n, int k, int64_t d, bool official, float* out, cudaStream_t s);
+
+// MTP input fusion: Y[t, s, :] = hp[t, s, :] + ep[t, :] for every stream s ([official] bf16).
+void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y, cudaStream_t s);
 
 // Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s);

@@ -1,0 +1,197 @@
+// CUDA decode features against their CPU-side contracts: sequence-state snapshots (Session prefix reuse), the MTP
+// block vs its golden, and decode-step CUDA graphs vs eager launches (bit-identical logits) with per-token timings.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "../model/fixture_util.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "dsv4/engine.h"
+
+namespace dsv4::test {
+namespace {
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<int32_t> prefix(const std::vector<int32_t>& v, size_t n) { return {v.begin(), v.begin() + static_cast<long>(n)}; }
+
+// The CPU session test (tests/runtime/session_test.cpp) on the CUDA backend: after sync(A), sync(B) restores a
+// snapshot and recomputes only past it, and B's logits match a fresh session's to rel L2 <= 1e-6 (reference
+// numerics). Not bit for bit: measured on one H200, about half of the rollbacks (and a full recompute of A after
+// another sequence ran in the same session) differ from a fresh session by rel L2 1e-7..3e-7 even with identical
+// chunk boundaries, i.e. some CUDA kernel's result depends on memory a previous sequence left behind (scratch or
+// cache rows past the live ones). Open: find it; the bit-equal count is printed so the fix shows.
+TEST(CudaSession, PrefixReuseMatchesFreshSession) {
+  for (auto [name, chunk] : {std::pair<const char*, int>{"flash_fp8", 64}, {"pro_fp8", 5}}) {
+    EngineOptions o;
+    o.model_dir = fixtures_dir() + "/" + name;
+    o.backend = "cuda";
+    o.max_context = 512;
+    o.prefill_chunk = chunk;
+    auto e = Engine::load(o);
+    auto ids = read_bin<int32_t>(o.model_dir + "/ids.bin");
+    auto fresh = [&](const std::vector<int32_t>& toks) {
+      auto s = e->new_session();
+      s->sync(toks);
+      return s->logits();
+    };
+    auto s = e->new_session();
+    s->sync(ids);
+    int bit_equal = 0, cases = 0;
+    for (size_t cut : {size_t{3}, size_t{16}, size_t{31}, size_t{64}, size_t{65}, size_t{100}}) {
+      std::vector<int32_t> b = prefix(ids, cut);
+      b.push_back((ids[cut] + 1) % 200 + 2);
+      b.push_back(ids[cut]);
+      s->sync(b);
+      EXPECT_LE(s->last_computed(), static_cast<int64_t>(cut % 64 + 2)) << name << ": did not reuse the prefix at " << cut;
+      const auto want = fresh(b);
+      const bool same = std::memcmp(s->logits().data(), want.data(), want.size() * 4) == 0;
+      EXPECT_LE(rel_l2(s->logits(), want), 1e-6) << name << " cut " << cut;
+      bit_equal += same, ++cases;
+      s->sync(ids);
+      const auto wantA = fresh(ids);
+      EXPECT_LE(rel_l2(s->logits(), wantA), 1e-6) << name << " back from " << cut;
+    }
+    // Divergence near the end: the tail snapshot is restored (different chunk boundaries than a fresh run).
+    std::vector<int32_t> near_end = prefix(ids, ids.size() - 6);
+    near_end.push_back((ids[ids.size() - 6] + 1) % 200 + 2);
+    s->sync(near_end);
+    EXPECT_LE(s->last_computed(), 11) << name << ": tail snapshot not used";
+    const auto want_ne = fresh(near_end);
+    const double r = rel_l2(s->logits(), want_ne);
+    const bool same_ne = std::memcmp(s->logits().data(), want_ne.data(), want_ne.size() * 4) == 0;
+    EXPECT_LE(r, 1e-6) << name;
+    // Decode after a rollback (graph replays on restored state) = the fresh session's decode.
+    s->append(ids[ids.size() - 5]);
+    EXPECT_EQ(s->last_computed(), 1);
+    near_end.push_back(ids[ids.size() - 5]);
+    const double r2 = rel_l2(s->logits(), fresh(near_end));
+    EXPECT_LE(r2, 1e-6) << name;
+    std::printf("[cuda-session] %-10s chunk %-3d snapshot rollbacks bit-equal %d/%d; tail rollback rel L2 %.3g (%s), then decode %.3g\n",
+                name, chunk, bit_equal, cases, r, same_ne ? "bit-equal" : "differs", r2);
+  }
+}
+
+// MTP draft logits on CUDA vs the golden (HF with the MTP block), reference numerics, every chunking (chunk 1 runs
+// the main steps through decode graphs, the MTP block eagerly).
+TEST(CudaMtp, MatchesGoldenForEveryChunking) {
+  int cases = 0;
+  for (const auto& name : fixture_cases()) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    if (!std::filesystem::exists(dir + "/mtp_logits.bin")) continue;
+    ++cases;
+    auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    auto golden = read_bin<float>(dir + "/mtp_logits.bin");
+    Model m(dir, make_cuda_backend(), Numerics::Reference);
+    ASSERT_TRUE(m.weights().mtp.has_value());
+    const int T = static_cast<int>(ids.size()) - 1;
+    const size_t V = static_cast<size_t>(m.config().vocab_size);
+    ASSERT_EQ(golden.size(), static_cast<size_t>(T) * V);
+    const float tol = 1e-4f * max_abs(golden);
+    for (int chunk : {T, 1, 7}) {
+      Forward fwd(m, chunk);
+      auto st = m.backend().new_sequence(T);
+      std::vector<float> out(static_cast<size_t>(T) * V), main(static_cast<size_t>(chunk) * V);
+      for (int p = 0; p < T; p += chunk) {
+        const int n = std::min(chunk, T - p);
+        fwd.forward(*st, ids.data() + p, n, p, main.data());
+        fwd.forward_mtp(*st, ids.data() + p + 1, n, p, out.data() + static_cast<size_t>(p) * V);
+      }
+      const float err = max_abs_diff(out, golden);
+      std::printf("[cuda-mtp] %-12s chunk=%-4d max|diff|=%.3g (tol %.3g) rel L2 %.3g\n", name.c_str(), chunk, err, tol,
+                  rel_l2(out, golden));
+      EXPECT_LE(err, tol) << name << " chunk " << chunk;
+    }
+  }
+  EXPECT_GE(cases, 1) << "no fixture has mtp_logits.bin";
+}
+
+// Logits of `ids` fed as: a prefill chunk of `pre` tokens, then single-token steps, with another 5-token chunk in the
+// middle (a larger chunk after recordings exist makes scratch grow, which must re-record, not replay stale addresses).
+std::vector<float> decode_logits(Model& m, const std::vector<int32_t>& ids, int pre) {
+  const int T = static_cast<int>(ids.size());
+  const size_t V = static_cast<size_t>(m.config().vocab_size);
+  Forward fwd(m, std::max(pre, 5));
+  auto st = m.backend().new_sequence(T);
+  std::vector<float> out(static_cast<size_t>(T) * V);
+  int p = 0;
+  if (pre > 0) fwd.forward(*st, ids.data(), pre, 0, out.data()), p = pre;
+  const int mid = (T + p) / 2;
+  while (p < T) {
+    const int n = (p == mid && p + 5 <= T) ? 5 : 1;
+    fwd.forward(*st, ids.data() + p, n, p, out.data() + static_cast<size_t>(p) * V);
+    p += n;
+  }
+  return out;
+}
+
+// Graph replay vs eager launches: the same kernels read the position from device memory instead of an argument and
+// attention recomputes its split from the actual row count, so the logits must be bit-identical, in both numerics.
+TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
+  for (const auto& name : fixture_cases()) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    for (Numerics nm : {Numerics::Reference, Numerics::Official})
+      for (int pre : {0, 9}) {
+        Model eager(dir, make_cuda_backend(CudaOptions{false}), nm);
+        Model graph(dir, make_cuda_backend(), nm);
+        const auto want = decode_logits(eager, ids, pre);
+        const auto got = decode_logits(graph, ids, pre);
+        const CudaGraphStats gs = cuda_graph_stats(graph.backend());
+        std::printf("[cuda-graph] %-12s %-9s prefill %-2d captures %d replays %d  %s\n", name.c_str(), numerics_name(nm),
+                    pre, gs.captures, gs.replays, std::memcmp(got.data(), want.data(), want.size() * 4) == 0 ? "bit-identical" : "DIFFERENT");
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+            << name << " " << numerics_name(nm) << " prefill " << pre << ": rel L2 " << rel_l2(got, want);
+        EXPECT_GE(gs.captures, 1) << name;
+        EXPECT_GE(gs.replays, static_cast<int>(ids.size()) / 2) << name;
+        EXPECT_EQ(cuda_graph_stats(eager.backend()).replays, 0);
+      }
+  }
+}
+
+// Per-token decode latency, graph vs eager (median of 5 runs of `steps` single-token steps each, logits downloaded
+// every step as a real decode loop does). Prints only; the numbers go to docs/BENCHMARKS.md.
+TEST(CudaGraph, DecodeLatency) {
+  const int steps = 256;
+  for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    double ms[2];
+    for (int g = 0; g < 2; ++g) {
+      Model m(dir, make_cuda_backend(CudaOptions{g == 1}), Numerics::Official);
+      const size_t V = static_cast<size_t>(m.config().vocab_size);
+      Forward fwd(m, 1);
+      auto st = m.backend().new_sequence(steps + 8);
+      std::vector<float> logits(V);
+      std::vector<double> runs;
+      for (int r = 0; r < 6; ++r) {
+        st->reset();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int p = 0; p < steps; ++p) fwd.forward(*st, &ids[static_cast<size_t>(p) % ids.size()], 1, p, logits.data());
+        const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) runs.push_back(dt / steps);  // run 0 warms up (and records the graph)
+      }
+      std::sort(runs.begin(), runs.end());
+      ms[g] = runs[runs.size() / 2];
+    }
+    Model m(dir, make_cpu_backend(), Numerics::Official);
+    std::printf("[cuda-graph-bench] %-10s layers %d  eager %.3f ms/token  graph %.3f ms/token  saving %.3f ms (%.2fx), %d steps\n",
+                name.c_str(), m.config().n_layers, ms[0], ms[1], ms[0] - ms[1], ms[0] / ms[1], steps);
+  }
+}
+
+}  // namespace
+}  // namespace dsv4::test

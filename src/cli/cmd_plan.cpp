@@ -10,7 +10,7 @@
 
 namespace {
 
-double gib(uint64_t b) { return static_cast<double>(b) / (1ull << 30); }
+double to_gib(uint64_t b) { return static_cast<double>(b) / (1ull << 30); }
 
 int cmd_plan(const std::vector<std::string>& args) {
   CLI::App app{"Per-GPU memory plan: weights (tensor-parallel shards) and KV state", "dsv4 plan"};
@@ -37,10 +37,10 @@ int cmd_plan(const std::vector<std::string>& args) {
   bool fits = true;
   for (const auto& kv : dsv4::kv_layouts()) {
     dsv4::MemoryPlan p = dsv4::plan_memory(c, inv, tp, max_context, sequences, kv);
-    bool ok = gib(p.total_per_gpu()) <= gpu_gib;
+    bool ok = to_gib(p.total_per_gpu()) <= gpu_gib;
     std::printf("  KV %-42s weights %8.2f GiB (replicated %.2f + shard %.2f) + KV %7.2f GiB (%lld B/token) = %8.2f GiB/GPU %s\n",
-                kv.name, gib(p.weights_per_gpu()), gib(p.weights_replicated), gib(p.weights_sharded), gib(p.kv_per_gpu()),
-                (long long)p.kv_bytes_per_token, gib(p.total_per_gpu()), ok ? "fits" : "DOES NOT FIT");
+                kv.name, to_gib(p.weights_per_gpu()), to_gib(p.weights_replicated), to_gib(p.weights_sharded), to_gib(p.kv_per_gpu()),
+                (long long)p.kv_bytes_per_token, to_gib(p.total_per_gpu()), ok ? "fits" : "DOES NOT FIT");
     fits &= ok;
   }
   std::printf("  all-reduces per layer: %d\n", tp > 1 ? 2 : 0);

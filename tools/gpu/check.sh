@@ -32,7 +32,7 @@ if [ -d "$ROOT/.gpudeps/usr" ]; then
   DEPS=$ROOT/.gpudeps/usr
   export CMAKE_PREFIX_PATH=$DEPS${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export PKG_CONFIG_PATH=$DEPS/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export CPATH=$DEPS/include${CPATH:+:$CPATH}
+  export CPATH=$DEPS/include:$DEPS/include/x86_64-linux-gnu${CPATH:+:$CPATH}
   export LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
   export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi

@@ -17,5 +17,15 @@ for lib in libcpp-httplib.so libbrotlidec.so libbrotlienc.so libbrotlicommon.so 
   cp -a $L/$lib* $D/lib/x86_64-linux-gnu/ 2>/dev/null || true
 done
 cp -r $L/cmake/GTest $D/lib/x86_64-linux-gnu/cmake/
-sed 's|^prefix=/usr|prefix=${pcfiledir}/../../..|' $L/pkgconfig/libpcre2-8.pc > $D/lib/x86_64-linux-gnu/pkgconfig/libpcre2-8.pc
+# Build-time pieces of the server module: httplib's header and .pc, and the headers/.pc files its Cflags and
+# Requires.private pull in (OpenSSL, zlib, brotli), since the GPU image has none of them.
+cp /usr/include/httplib.h /usr/include/zlib.h /usr/include/zconf.h $D/include/
+cp -r /usr/include/openssl /usr/include/brotli $D/include/
+mkdir -p $D/include/x86_64-linux-gnu && cp -r /usr/include/x86_64-linux-gnu/openssl $D/include/x86_64-linux-gnu/
+cp -a $L/libz.so* $D/lib/x86_64-linux-gnu/ 2>/dev/null || true
+for pc in libpcre2-8 cpp-httplib openssl libssl libcrypto zlib libbrotlicommon libbrotlidec libbrotlienc; do
+  sed -e 's|^prefix=/usr|prefix=${pcfiledir}/../../..|' -e 's|^includedir=/usr/include|includedir=${prefix}/include|' \
+      -e 's|^libdir=/usr/lib/x86_64-linux-gnu|libdir=${prefix}/lib/x86_64-linux-gnu|' \
+      $L/pkgconfig/$pc.pc > $D/lib/x86_64-linux-gnu/pkgconfig/$pc.pc
+done
 du -sh .gpudeps

@@ -1,6 +1,7 @@
 #include "model/model_weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -373,6 +374,24 @@ std::vector<const LinearRef*> ModelWeights::all_linears() const {
   for (const auto& l : layers) add_layer(l);
   if (mtp) add_layer(*mtp);
   return v;
+}
+
+std::vector<int32_t> read_tid2eid(const TensorView& t, int n_routed_experts) {
+  std::vector<int32_t> ids(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int64_t v;
+    if (t.dtype() == DType::I64) {
+      std::memcpy(&v, t.data + 8 * i, 8);
+    } else {
+      int32_t v32;
+      std::memcpy(&v32, t.data + 4 * i, 4);
+      v = v32;
+    }
+    if (v < 0 || v >= n_routed_experts)
+      fail(*t.file, ": tensor '", t.name(), "' holds expert id ", v, " outside [0, ", n_routed_experts, ")");
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+  }
+  return ids;
 }
 
 ModelWeights resolve_model_weights(const ckpt::Checkpoint& ck, const ModelConfig& c) {

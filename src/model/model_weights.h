@@ -84,4 +84,8 @@ struct ModelWeights {
 
 ModelWeights resolve_model_weights(const ckpt::Checkpoint& ck, const ModelConfig& cfg);
 
+// A hash layer's tid2eid table (I64 or I32 on disk) as int32 [vocab * experts_per_tok], every id checked to be an
+// expert of the model (an out-of-range id is an error naming the tensor, not a silent clamp).
+std::vector<int32_t> read_tid2eid(const TensorView& t, int n_routed_experts);
+
 }  // namespace dsv4

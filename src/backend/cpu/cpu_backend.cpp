@@ -218,22 +218,7 @@ class CpuBackend final : public Backend {
       }
       L.gate = make_lin(lw.gate);
       if (lw.gate_bias) L.gate_bias = to_f32(lw.gate_bias);
-      if (lw.tid2eid) {
-        const TensorView& t = *lw.tid2eid;
-        L.tid2eid.resize(static_cast<size_t>(t.numel()));
-        for (int64_t i = 0; i < t.numel(); ++i) {
-          int64_t v;
-          if (t.dtype() == ckpt::DType::I64) std::memcpy(&v, t.data + 8 * i, 8);
-          else {
-            int32_t v32;
-            std::memcpy(&v32, t.data + 4 * i, 4);
-            v = v32;
-          }
-          if (v < 0 || v >= c.n_routed_experts)
-            fail(*t.file, ": tensor '", t.name(), "' holds expert id ", v, " outside [0, ", c.n_routed_experts, ")");
-          L.tid2eid[static_cast<size_t>(i)] = static_cast<int32_t>(v);
-        }
-      }
+      if (lw.tid2eid) L.tid2eid = read_tid2eid(*lw.tid2eid, c.n_routed_experts);
       for (const auto& e : lw.experts) L.experts.push_back(Expert{make_lin(e.w1), make_lin(e.w2), make_lin(e.w3)});
       if (lw.shared) {
         L.has_shared = true;

@@ -689,20 +689,7 @@ class CudaBackend final : public Backend {
     L.gate = heap_.linear(lw.gate);
     if (lw.gate_bias) L.gate_bias = heap_.upload_f32(lw.gate_bias);
     if (lw.tid2eid) {
-      const TensorView& t = *lw.tid2eid;
-      std::vector<int32_t> ids(static_cast<size_t>(t.numel()));
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        int64_t v;
-        if (t.dtype() == ckpt::DType::I64) std::memcpy(&v, t.data + 8 * i, 8);
-        else {
-          int32_t v32;
-          std::memcpy(&v32, t.data + 4 * i, 4);
-          v = v32;
-        }
-        if (v < 0 || v >= c_.n_routed_experts)
-          fail(*t.file, ": tensor '", t.name(), "' holds expert id ", v, " outside [0, ", c_.n_routed_experts, ")");
-        ids[static_cast<size_t>(i)] = static_cast<int32_t>(v);
-      }
+      const std::vector<int32_t> ids = read_tid2eid(*lw.tid2eid, c_.n_routed_experts);
       L.tid2eid = heap_.upload(ids.data(), ids.size());
     }
     if (lw.hash && !L.tid2eid) fail("layer ", lw.index, " is hash-routed but has no tid2eid");

@@ -108,9 +108,9 @@ class Backend {
   // MTP block (layer index n_layers; MODEL.md §5.11). Input fusion: Y[n, hc, d] = h_proj(rms(X_s, hnorm)) +
   // e_proj(rms(embed[next_ids], enorm)) for every stream s, where X are the main streams before hc_head and
   // next_ids the tokens at positions +1. The block itself runs through the ordinary ops with layer = n_layers.
-  virtual void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y);
+  virtual void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y) = 0;
   // MTP output: mtp.hc_head collapse, mtp.norm, the shared LM head: logits[n, vocab].
-  virtual void mtp_head(const float* Y, int n, float* logits);
+  virtual void mtp_head(const float* Y, int n, float* logits) = 0;
 };
 
 }  // namespace dsv4

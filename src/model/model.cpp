@@ -7,10 +7,6 @@ namespace dsv4 {
 std::unique_ptr<StateSnapshot> SequenceState::snapshot() const { fail("this backend's sequence state has no snapshots"); }
 void SequenceState::restore(const StateSnapshot&) { fail("this backend's sequence state has no snapshots"); }
 
-void Backend::mtp_input(const int32_t*, const float*, int, float*) {
-  fail("the ", name(), " backend does not implement the MTP block yet");
-}
-void Backend::mtp_head(const float*, int, float*) { fail("the ", name(), " backend does not implement the MTP block yet"); }
 
 const char* numerics_name(Numerics n) { return n == Numerics::Reference ? "reference" : "official"; }
 

@@ -36,6 +36,7 @@ int cmd_chat(const std::vector<std::string>& args) {
   f.add_to(app);
   app.add_option("--system", system, "system message");
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
+  f.apply_generation_config();
   auto ctx = f.load();
   auto session = ctx.engine->new_session();
   dsv4::cli::ProgressBar prefill_bar("prefill");

@@ -29,6 +29,7 @@ int cmd_run(const std::vector<std::string>& args) {
   app.add_option("--system", system, "system message");
   app.add_option("--output-format", output_format, "text|json")->check(CLI::IsMember({"text", "json"}));
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
+  f.apply_generation_config();
   auto ctx = f.load();
   dsv4::text::PyJson msgs = dsv4::text::PyJson::array();
   if (!system.empty())

@@ -1,7 +1,9 @@
 #pragma once
 // The model/sampling flags shared by `dsv4 run` and `dsv4 chat`, and what they load.
 #include <CLI/CLI.hpp>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/progress.h"
@@ -24,15 +26,17 @@ struct GenerationFlags {
   int64_t max_context = 4096;
   SamplingParams s;
   std::vector<std::string> stop;
+  CLI::Option *temperature_opt = nullptr, *top_p_opt = nullptr, *top_k_opt = nullptr;
 
   void add_to(CLI::App& app) {
     app.add_option("--model", model, "model directory (config.json, safetensors, tokenizer.json)")->required();
     app.add_option("--mode", mode, "thinking|chat")->check(CLI::IsMember({"thinking", "chat"}));
     app.add_option("--reasoning-effort", effort, "high|max")->check(CLI::IsMember({"high", "max"}));
     app.add_option("--max-tokens", max_tokens, "completion token limit")->check(CLI::NonNegativeNumber);
-    app.add_option("--temperature", s.temperature, "0 = greedy (default 1.0, the model's generation_config)");
-    app.add_option("--top-p", s.top_p, "nucleus sampling mass (default 1.0)");
-    app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)");
+    temperature_opt = app.add_option("--temperature", s.temperature,
+                                     "0 = greedy (default: the model's generation_config.json, else 1.0)");
+    top_p_opt = app.add_option("--top-p", s.top_p, "nucleus sampling mass (default: generation_config.json, else 1.0)");
+    top_k_opt = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)");
     app.add_option("--min-p", s.min_p, "drop tokens below min_p * p(top)");
     app.add_option("--repetition-penalty", s.repetition_penalty, "CTRL-style repetition penalty");
     app.add_option("--presence-penalty", s.presence_penalty, "OpenAI presence penalty");
@@ -42,6 +46,21 @@ struct GenerationFlags {
     app.add_option("--backend", backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
     app.add_option("--max-context", max_context, "tokens of state per session (sized up front)")->check(CLI::PositiveNumber);
+  }
+
+  // Sampling defaults from the model's generation_config.json (temperature / top_p / top_k) for every flag the user
+  // did not give; DeepSeek ships temperature 1.0, top_p 1.0.
+  void apply_generation_config() {
+    std::ifstream f(model + "/generation_config.json");
+    if (!f) return;
+    auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) fail(model, "/generation_config.json is not a JSON object");
+    auto num = [&](const char* key, auto& dst, CLI::Option* opt) {
+      if (opt->count() == 0 && j.contains(key) && j[key].is_number()) dst = j[key].template get<std::decay_t<decltype(dst)>>();
+    };
+    num("temperature", s.temperature, temperature_opt);
+    num("top_p", s.top_p, top_p_opt);
+    num("top_k", s.top_k, top_k_opt);
   }
 
   Loaded load() const {

@@ -40,6 +40,14 @@ for s in 1 1 2; do
 done
 [ "$(sed -n 1p "$tmp/seeds.txt")" = "$(sed -n 2p "$tmp/seeds.txt")" ] || bad "same seed gave different output"
 [ "$(sed -n 1p "$tmp/seeds.txt")" != "$(sed -n 3p "$tmp/seeds.txt")" ] || bad "different seeds gave the same output"
+# Sampling defaults come from the model's generation_config.json; explicit flags override it.
+ids_of() { "$bin" run --model "$m" --prompt "Hi" --seed 4 --max-tokens 12 --output-format json "$@" 2>/dev/null \
+  | python3 -c "import json,sys; print(json.load(sys.stdin)['completion_ids'])"; }
+sampled=$(ids_of)
+echo '{"temperature": 0.0, "top_p": 1.0}' > "$m/generation_config.json"
+[ "$(ids_of)" = "$(ids_of --temperature 0)" ] || bad "generation_config.json temperature 0 was not applied"
+[ "$(ids_of --temperature 1)" = "$sampled" ] || bad "--temperature did not override generation_config.json"
+rm -f "$m/generation_config.json"
 # Text mode prints a stats line on stderr.
 "$bin" run --model "$m" --prompt "Hi" --max-tokens 4 --mode chat >/dev/null 2>"$tmp/s.err" || bad "text mode"
 grep -q "prefill" "$tmp/s.err" && grep -q "decode" "$tmp/s.err" || bad "no stats line: $(cat "$tmp/s.err")"

@@ -65,10 +65,12 @@ void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st) {
   b.window_store(l, kv_, n, pos0, st);
   b.attn_out(l, o_, n, pos0, y_);
   b.hc_post(y_, post_, comb_, n, X);
+  if (observer_ && n > 1) observer_(l, "attn", X, n);
   // FFN sub-layer.
   b.hc_pre(l, HcSite::Ffn, X, n, x_, post_, comb_);
   b.moe(l, x_, ids_, n, y_);
   b.hc_post(y_, post_, comb_, n, X);
+  if (observer_ && n > 1) observer_(l, "ffn", X, n);
 }
 
 void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits) {

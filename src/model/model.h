@@ -1,5 +1,6 @@
 #pragma once
 // The DeepSeek-V4 forward pass, written once against the Backend op interface (MODEL.md §5, order of §6.5).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,12 @@ class Forward {
   // token after ids[i]) predict token t+2. Uses (and advances) the MTP block's own window state in `st`.
   void forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits);
 
+  // Debugging/A-B hook: called after every sub-layer with the residual streams X[n, hc, d] (backend memory; copy with
+  // Backend::download_f32). site is "attn" or "ffn". Only multi-token chunks are observed: a single-token step may
+  // be a replayed CUDA graph, where nothing runs on the host between ops.
+  using Observer = std::function<void(int layer, const char* site, const float* X, int n)>;
+  void set_observer(Observer fn) { observer_ = std::move(fn); }
+
  private:
   void block(int layer, float* X, int n, int64_t pos0, SequenceState& st);
   Model& m_;
@@ -53,6 +60,7 @@ class Forward {
   int64_t last_pos0_ = -1;
   float *X_, *Y_, *x_, *post_, *comb_, *qr_, *q_, *kv_, *o_, *y_, *logits_;
   int32_t *ids_, *mtp_ids_, *topk_;
+  Observer observer_;
 };
 
 }  // namespace dsv4

@@ -2,6 +2,8 @@
 // the slot at once, the queue bound holds, prefixes are reused across requests.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "core/error.h"
@@ -18,7 +20,8 @@ struct Fixture {
 
 Fixture& fx() {
   static Fixture* f = [] {
-    std::string dir = std::string(DSV4_BINARY_DIR) + "/test_server_tiny";
+    // One directory per process: CTest runs these tests as parallel processes, which must not race on the files.
+    std::string dir = std::string(DSV4_BINARY_DIR) + "/test_server_tiny_" + std::to_string(::getpid());
     std::filesystem::remove_all(dir);
     TinySpec spec;
     spec.seed = 21;
@@ -27,7 +30,9 @@ Fixture& fx() {
     EngineOptions o;
     o.model_dir = dir;
     o.max_context = 256;
-    return new Fixture{Engine::load(o), text::Tokenizer::from_file(std::string(DSV4_SOURCE_DIR) + "/models/default/tokenizer.json")};
+    auto* f = new Fixture{Engine::load(o), text::Tokenizer::from_file(std::string(DSV4_SOURCE_DIR) + "/models/default/tokenizer.json")};
+    std::filesystem::remove_all(dir);  // the weights stay mapped; nothing is left behind in the build tree
+    return f;
   }();
   return *f;
 }

@@ -80,6 +80,8 @@ struct ModelWeights {
   // Synthetic views (slices of HF stacked expert tensors) live here so TensorView pointers stay valid.
   std::shared_ptr<std::deque<ckpt::HeaderEntry>> synthetic_entries;
   std::shared_ptr<std::deque<TensorView>> synthetic_views;
+  // Storage of derived weights (tensor-parallel shards, synthetic benchmark weights) that their views point into.
+  std::vector<std::shared_ptr<void>> owned;
 };
 
 ModelWeights resolve_model_weights(const ckpt::Checkpoint& ck, const ModelConfig& cfg);

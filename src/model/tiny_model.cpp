@@ -50,7 +50,9 @@ void write_tiny_model(const std::string& dir, const TinySpec& sp) {
   if (sp.layers < 2) fail("make-tiny: need at least 2 layers");
 
   // Dims: small but with every structural feature (several heads/groups, rope on the last dims, >1 hash layer).
-  const int64_t d = 64, H = 4, D = 128, R = 64, ql = 64, G = 2, ro = 32, E = 8, K = 2, I = 64, Hi = 4, Di = 128;
+  const bool tp = sp.tp_ready;
+  const int64_t d = 64, H = tp ? 8 : 4, D = 128, R = 64, ql = 64, G = tp ? 8 : 2, ro = tp ? 128 : 32, E = 8, K = 2,
+                I = tp ? 1024 : 64, Hi = 4, Di = 128;
   const int L = sp.layers, hc = 4, mix = (2 + hc) * hc, window = 16, topk = 4, hash_layers = 2;
   std::vector<int> ratios;
   for (int i = 0; i < L; ++i) {

@@ -14,6 +14,9 @@ struct TinySpec {
   int layers = 4;
   uint64_t seed = 1;
   bool with_mtp = true;
+  // Widths a tensor-parallel split of up to 8 ranks cuts on whole FP8 128x128 tiles / FP4 blocks (8 heads in 8
+  // o_groups, o_lora_rank 128, expert width 1024), for TP-vs-TP1 tests; the default dims are smaller and do not split.
+  bool tp_ready = false;
 };
 
 void write_tiny_model(const std::string& dir, const TinySpec& spec);

@@ -42,10 +42,13 @@ class Engine {
   Model& model() { return *model_; }
 
  private:
-  Engine() = default;
+  friend class Session;
+  struct BatchScratch;
+  Engine();
   EngineOptions opts_;
   ModelInfo info_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<BatchScratch> batch_;  // host scratch of Session::append_batch
 };
 
 // One sequence. sync(tokens) makes the state equal to having processed exactly `tokens`, reusing the longest common
@@ -56,6 +59,11 @@ class Session {
   ~Session();
   void sync(const std::vector<int32_t>& tokens);
   void append(int32_t token);                 // decode one token (sync(tokens + [token]) without the search)
+  // Batched decode: appends tokens[i] to sessions[i] (distinct sessions of one engine) in ONE forward over all of
+  // them (one pass over the weights per step). Each session ends exactly as sessions[i]->append(tokens[i]) leaves it
+  // (tokens, logits — bit-identical on the CPU —, snapshots). Everything is validated before any session changes;
+  // a failure inside the forward starts the affected sessions over (as a failed append() does) and rethrows.
+  static void append_batch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const std::vector<float>& logits() const;   // after the last token; throws if the session is empty
   int64_t max_context() const;
@@ -69,6 +77,8 @@ class Session {
   explicit Session(Engine& e);
   void run(int64_t from);  // forward tokens_[from..] from a state that holds tokens_[0..from)
   void run_or_reset(int64_t from);
+  void check_append(int32_t token) const;
+  void reset_after_failure();
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<int32_t> tokens_;

@@ -2,6 +2,10 @@
 // The DeepSeek-V4 op interface. The model forward (model.cpp) is written once against it; backend/cpu (the fp32
 // reference) and backend/cuda implement it. Ops are model-specific so that backends can fuse freely: each op names a
 // layer and works on a chunk of `n` consecutive tokens of ONE sequence at absolute positions [pos0, pos0 + n).
+// Batched decode (Forward::forward_batch) runs one token of each of n DIFFERENT sequences: the position-free ops
+// (embed, hc_pre, hc_post, moe, head) take the n rows as they are, and the ops that read a position or a sequence's
+// state have `*_rows` variants (row i = one token of sts[i] at position pos[i]) whose default loops over the rows
+// calling the single-sequence op with n = 1, so every backend supports batching; a backend overrides them to fuse.
 // All float* / int32_t* activation pointers live in backend memory (host for CPU, device for CUDA) and come from
 // Backend::alloc_*; the model never dereferences them.
 #include <cstdint>
@@ -41,6 +45,11 @@ class StateSnapshot {
 class SequenceState {
  public:
   virtual ~SequenceState() = default;
+  // Tokens the state holds, as far as its users know (-1 = unknown): Forward advances it after every forward and
+  // checks a chunk's start position against it; whoever calls reset()/restore() sets it (Session does), since
+  // backends implement those. A chunk at position 0 is always accepted (a fresh or reset sequence).
+  int64_t tokens() const { return tokens_; }
+  void set_tokens(int64_t n) { tokens_ = n; }
   virtual int64_t max_context() const = 0;
   virtual void reset() = 0;  // back to an empty sequence (state must be re-initialised per sequence)
   // Rollback support for prefix reuse. A backend without it makes sessions recompute from position 0 (correct,
@@ -48,6 +57,14 @@ class SequenceState {
   virtual bool supports_snapshots() const { return false; }
   virtual std::unique_ptr<StateSnapshot> snapshot() const;
   virtual void restore(const StateSnapshot& s);
+
+ private:
+  int64_t tokens_ = 0;
+};
+
+// Row strides (elements per token) of the activations the *_rows ops exchange; Forward sets them.
+struct RowDims {
+  int64_t x = 0, qr = 0, q = 0, kv = 0, o = 0, topk = 0;
 };
 
 class Backend {
@@ -94,6 +111,21 @@ class Backend {
   // hc_head collapse, final norm, LM head: logits[n, vocab].
   virtual void head(const float* X, int n, float* logits) = 0;
 
+  // Batched decode: row i is one token of sequence sts[i] at position pos[i] (pos and sts are host arrays, the
+  // sequences distinct). Same contracts as the single-sequence ops above; the defaults run those with n = 1 per row
+  // (pointer arithmetic on backend pointers is valid for every backend), so a backend overrides them only to fuse.
+  virtual void attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv);
+  virtual void compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,
+                                    SequenceState* const* sts);
+  virtual void indexer_topk_rows(int layer, const float* x, const float* qr, int n, const int64_t* pos,
+                                 SequenceState* const* sts, int32_t* topk);
+  virtual void attend_rows(int layer, const float* q, const float* kv, const int32_t* topk, int n, const int64_t* pos,
+                           SequenceState* const* sts, float* o);
+  virtual void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts);
+  virtual void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out);
+  void set_row_dims(const RowDims& d) { rows_ = d; }
+  const RowDims& row_dims() const { return rows_; }
+
   // Whole-step recording for single-token decode (CUDA graphs remove the per-kernel launch cost). Called by
   // Forward::forward for n == 1 after the token id is uploaded: `buffers` identifies the caller's activation buffers
   // (a recording has their addresses baked in), `head` says whether the step ends with head(). Every call is paired
@@ -111,6 +143,9 @@ class Backend {
   virtual void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y) = 0;
   // MTP output: mtp.hc_head collapse, mtp.norm, the shared LM head: logits[n, vocab].
   virtual void mtp_head(const float* Y, int n, float* logits) = 0;
+
+ private:
+  RowDims rows_;
 };
 
 }  // namespace dsv4

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace dsv4 {
@@ -7,6 +9,47 @@ namespace dsv4 {
 std::unique_ptr<StateSnapshot> SequenceState::snapshot() const { fail("this backend's sequence state has no snapshots"); }
 void SequenceState::restore(const StateSnapshot&) { fail("this backend's sequence state has no snapshots"); }
 
+
+// Default batched ops: the single-sequence op once per row.
+static const RowDims& dims_or_fail(const Backend& b) {
+  const RowDims& d = b.row_dims();
+  if (d.x <= 0) fail("backend row dims are not set (Forward sets them)");
+  return d;
+}
+
+void Backend::attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) {
+  const RowDims& d = dims_or_fail(*this);
+  for (int i = 0; i < n; ++i) attn_qkv(layer, x + i * d.x, 1, pos[i], qr + i * d.qr, q + i * d.q, kv + i * d.kv);
+}
+
+void Backend::compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,
+                                   SequenceState* const* sts) {
+  const RowDims& d = dims_or_fail(*this);
+  for (int i = 0; i < n; ++i) compressor_step(layer, which, x + i * d.x, 1, pos[i], *sts[i]);
+}
+
+void Backend::indexer_topk_rows(int layer, const float* x, const float* qr, int n, const int64_t* pos,
+                                SequenceState* const* sts, int32_t* topk) {
+  const RowDims& d = dims_or_fail(*this);
+  for (int i = 0; i < n; ++i) indexer_topk(layer, x + i * d.x, qr + i * d.qr, 1, pos[i], *sts[i], topk + i * d.topk);
+}
+
+void Backend::attend_rows(int layer, const float* q, const float* kv, const int32_t* topk, int n, const int64_t* pos,
+                          SequenceState* const* sts, float* o) {
+  const RowDims& d = dims_or_fail(*this);
+  for (int i = 0; i < n; ++i)
+    attend(layer, q + i * d.q, kv + i * d.kv, topk ? topk + i * d.topk : nullptr, 1, pos[i], *sts[i], o + i * d.o);
+}
+
+void Backend::window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts) {
+  const RowDims& d = dims_or_fail(*this);
+  for (int i = 0; i < n; ++i) window_store(layer, kv + i * d.kv, 1, pos[i], *sts[i]);
+}
+
+void Backend::attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out) {
+  const RowDims& d = dims_or_fail(*this);
+  for (int i = 0; i < n; ++i) attn_out(layer, o + i * d.o, 1, pos[i], out + i * d.x);
+}
 
 const char* numerics_name(Numerics n) { return n == Numerics::Reference ? "reference" : "official"; }
 
@@ -25,11 +68,19 @@ Model::Model(const std::string& dir, std::unique_ptr<Backend> backend, Numerics 
   backend_->load(cfg_, weights_, numerics_);
 }
 
+
 Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
   if (max_chunk <= 0) fail("max_chunk must be positive");
   const ModelConfig& c = m.config();
   Backend& b = m.backend();
   const size_t n = static_cast<size_t>(max_chunk);
+  RowDims d;  // strides of the activations below, for the backend's default *_rows ops
+  d.x = c.hidden;
+  d.qr = c.q_lora_rank;
+  d.q = d.o = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  d.kv = c.head_dim;
+  d.topk = std::max(c.index_topk, 1);
+  b.set_row_dims(d);
   X_ = b.alloc_f32(n * c.hc_mult * c.hidden);
   Y_ = m.weights().mtp ? b.alloc_f32(n * c.hc_mult * c.hidden) : nullptr;
   x_ = b.alloc_f32(n * c.hidden);
@@ -73,6 +124,65 @@ void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st) {
   if (observer_ && n > 1) observer_(l, "ffn", X, n);
 }
 
+// The same block for one token of each of n sequences (forward_batch): position/state ops use their *_rows form.
+void Forward::block_rows(int l, float* X, int n, const int64_t* pos, SequenceState* const* sts) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  const AttnKind kind = c.kind(l);
+  b.hc_pre(l, HcSite::Attn, X, n, x_, post_, comb_);
+  b.attn_qkv_rows(l, x_, n, pos, qr_, q_, kv_);
+  const int32_t* topk = nullptr;
+  if (kind == AttnKind::CSA) {
+    b.compressor_step_rows(l, CompressorKind::Indexer, x_, n, pos, sts);
+    b.indexer_topk_rows(l, x_, qr_, n, pos, sts, topk_);
+    topk = topk_;
+  }
+  if (kind != AttnKind::SWA) b.compressor_step_rows(l, CompressorKind::Main, x_, n, pos, sts);
+  b.attend_rows(l, q_, kv_, topk, n, pos, sts, o_);
+  b.window_store_rows(l, kv_, n, pos, sts);
+  b.attn_out_rows(l, o_, n, pos, y_);
+  b.hc_post(y_, post_, comb_, n, X);
+  b.hc_pre(l, HcSite::Ffn, X, n, x_, post_, comb_);
+  b.moe(l, x_, ids_, n, y_);
+  b.hc_post(y_, post_, comb_, n, X);
+}
+
+void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const int64_t* pos, int n, float* logits) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  if (n <= 0 || n > max_chunk_) fail("batch of ", n, " sequences does not fit the forward's max chunk ", max_chunk_);
+  for (int i = 0; i < n; ++i) {
+    if (!sts[i]) fail("batch row ", i, " has no sequence");
+    for (int j = 0; j < i; ++j)
+      if (sts[j] == sts[i]) fail("batch rows ", j, " and ", i, " are the same sequence (one token per sequence)");
+    check_position(*sts[i], pos[i], 1);
+    if (ids[i] < 0 || ids[i] >= c.vocab_size)
+      fail("token id ", ids[i], " of batch row ", i, " is out of range [0, ", c.vocab_size, ")");
+  }
+  // One token of one sequence is an ordinary decode step (and may replay a recorded step on the backend).
+  if (n == 1) return forward(*sts[0], ids, 1, pos[0], logits);
+  b.upload_i32(ids_, ids, static_cast<size_t>(n));
+  last_n_ = -1;  // forward_mtp follows forward() only
+  try {
+    b.embed(ids_, n, X_);
+    for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts);
+    if (logits) b.head(X_, n, logits_);
+  } catch (...) {
+    for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
+    throw;
+  }
+  for (int i = 0; i < n; ++i) sts[i]->set_tokens(pos[i] + 1);
+  if (logits) b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+}
+
+void Forward::check_position(const SequenceState& st, int64_t pos0, int n) const {
+  if (pos0 < 0) fail("negative position ", pos0);
+  if (pos0 + n > st.max_context())
+    fail("sequence of ", pos0 + n, " tokens exceeds the session's max context ", st.max_context());
+  if (pos0 != 0 && st.tokens() >= 0 && st.tokens() != pos0)
+    fail("chunk starts at position ", pos0, " but the sequence holds ", st.tokens(), " tokens");
+}
+
 void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits) {
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
@@ -91,8 +201,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   if (n <= 0 || n > max_chunk_) fail("chunk of ", n, " tokens does not fit the forward's max chunk ", max_chunk_);
-  if (pos0 + n > st.max_context())
-    fail("sequence of ", pos0 + n, " tokens exceeds the session's max context ", st.max_context());
+  check_position(st, pos0, n);
   for (int i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at position ", pos0 + i, " is out of range [0, ", c.vocab_size, ")");
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
@@ -107,10 +216,12 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
       if (logits) b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, logits_);
     }
   } catch (...) {
+    st.set_tokens(-1);
     if (n == 1) b.end_decode_step(false);
     throw;
   }
   if (n == 1) b.end_decode_step(true);
+  st.set_tokens(pos0 + n);
   last_n_ = n;
   last_pos0_ = pos0;
   if (logits) b.download_f32(logits, logits_, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));

@@ -31,8 +31,8 @@ class Model {
   Numerics numerics_;
 };
 
-// Runs chunks of one sequence through the model. All activation buffers are allocated once for `max_chunk` tokens;
-// forward() performs no allocation.
+// Runs chunks of one sequence (or one token of each of several sequences) through the model. All activation
+// buffers are allocated once for `max_chunk` tokens; forward() and forward_batch() perform no allocation.
 class Forward {
  public:
   Forward(Model& model, int max_chunk);
@@ -41,6 +41,11 @@ class Forward {
   // writes logits[n, vocab] to host memory if `logits` is non-null (only the last position's [vocab] when
   // last_only, which skips the LM head for the others).
   void forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits, bool last_only = false);
+  // Batched decode: one token ids[i] of each of n distinct sequences sts[i] at position pos[i] (host arrays; pos[i]
+  // must equal the tokens already in sts[i], n <= max_chunk). Writes logits[n, vocab] to host memory if non-null.
+  // Per row the result is what forward(*sts[i], &ids[i], 1, pos[i], ...) computes (bit-identical on the CPU); the
+  // position-free ops run once over all n rows (one pass over the weights). n == 1 is forward().
+  void forward_batch(SequenceState* const* sts, const int32_t* ids, const int64_t* pos, int n, float* logits);
   // MTP draft logits for the chunk just run by forward(): position t's main streams + token t+1 (next_ids[i] is the
   // token after ids[i]) predict token t+2. Uses (and advances) the MTP block's own window state in `st`.
   void forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits);
@@ -53,6 +58,8 @@ class Forward {
 
  private:
   void block(int layer, float* X, int n, int64_t pos0, SequenceState& st);
+  void block_rows(int layer, float* X, int n, const int64_t* pos, SequenceState* const* sts);
+  void check_position(const SequenceState& st, int64_t pos0, int n) const;
   Model& m_;
   int max_chunk_;
   // Backend-memory activations.

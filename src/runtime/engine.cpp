@@ -7,6 +7,16 @@
 
 namespace dsv4 {
 
+// Host-side scratch of batched decode, grown once to the largest batch (then a step allocates nothing).
+struct Engine::BatchScratch {
+  std::vector<SequenceState*> states;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> pos;
+  std::vector<float> logits;
+};
+
+Engine::Engine() = default;
+
 std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
   if (o.max_context <= 0) fail("max context must be positive (got ", o.max_context, ")");
   if (o.prefill_chunk <= 0) fail("prefill chunk must be positive (got ", o.prefill_chunk, ")");
@@ -40,6 +50,16 @@ struct Session::Impl {
   // its reasoning dropped diverges just before the previous generation prompt, so this makes the rollback cheap.
   std::unique_ptr<StateSnapshot> tail;
   int64_t tail_pos = -1;
+  // Snapshot bookkeeping after a forward that ended at position p (shared by run() and append_batch()).
+  void after_chunk(int64_t p, int64_t tail_at) {
+    if (!state->supports_snapshots()) return;
+    if (p % kSnapshotInterval == 0 && static_cast<size_t>(p / kSnapshotInterval) == snapshots.size())
+      snapshots.push_back(state->snapshot());
+    if (p == tail_at && p % kSnapshotInterval != 0) {
+      tail = state->snapshot();
+      tail_pos = p;
+    }
+  }
   Impl(Engine& e)
       : engine(e),
         state(e.model().backend().new_sequence(e.options().max_context)),
@@ -73,12 +93,7 @@ void Session::run(int64_t from) {
     I.fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
     p = end;
     if (progress_ && n - from > 1) progress_(p - from, n - from);
-    if (snaps && p % kSnapshotInterval == 0 && static_cast<size_t>(p / kSnapshotInterval) == I.snapshots.size())
-      I.snapshots.push_back(I.state->snapshot());
-    if (snaps && p == tail_at && p % kSnapshotInterval != 0) {
-      I.tail = I.state->snapshot();
-      I.tail_pos = p;
-    }
+    I.after_chunk(p, tail_at);
   }
   last_computed_ = n - from;
   I.logits_valid = n > 0;
@@ -112,9 +127,11 @@ void Session::sync(const std::vector<int32_t>& tokens) {
       } else {
         I.state->restore(*I.snapshots[idx]);
       }
+      I.state->set_tokens(from);
       I.snapshots.resize(idx + 1);  // regular snapshots past `from` describe tokens that are going away
     } else {
       I.state->reset();
+      I.state->set_tokens(0);
       I.snapshots.clear();
     }
     if (I.tail_pos > from) I.tail.reset(), I.tail_pos = -1;  // describes tokens past the kept prefix
@@ -131,21 +148,87 @@ void Session::run_or_reset(int64_t from) {
   try {
     run(from);
   } catch (...) {
-    impl_->state->reset();
-    impl_->snapshots.clear();
-    impl_->logits_valid = false;
-    tokens_.clear();
+    reset_after_failure();
     throw;
   }
 }
 
-void Session::append(int32_t token) {
+void Session::reset_after_failure() {
+  impl_->state->reset();
+  impl_->state->set_tokens(0);
+  impl_->snapshots.clear();
+  impl_->tail.reset();
+  impl_->tail_pos = -1;
+  impl_->logits_valid = false;
+  tokens_.clear();
+}
+
+void Session::check_append(int32_t token) const {
   if (static_cast<int64_t>(tokens_.size()) + 1 > max_context())
     fail("context full: ", tokens_.size() + 1, " tokens exceed the session's max context ", max_context());
   if (token < 0 || token >= impl_->engine.info().vocab_size) fail("token id ", token, " is out of range");
   if (!tokens_.empty() && !impl_->logits_valid) fail("append() after a failed sync");
+}
+
+void Session::append(int32_t token) {
+  check_append(token);
   tokens_.push_back(token);
   run_or_reset(static_cast<int64_t>(tokens_.size()) - 1);
+}
+
+void Session::append_batch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens) {
+  if (sessions.size() != tokens.size())
+    fail("append_batch: ", sessions.size(), " sessions but ", tokens.size(), " tokens");
+  if (sessions.empty()) return;
+  Engine& engine = sessions[0]->impl_->engine;
+  for (size_t i = 0; i < sessions.size(); ++i) {  // validate everything before touching any session
+    if (!sessions[i]) fail("append_batch: session ", i, " is null");
+    if (&sessions[i]->impl_->engine != &engine) fail("append_batch: sessions of different engines");
+    for (size_t j = 0; j < i; ++j)
+      if (sessions[j] == sessions[i]) fail("append_batch: session ", i, " appears twice");
+    sessions[i]->check_append(tokens[i]);
+  }
+  // Sessions share the engine's model; the first session's Forward (buffers for prefill_chunk tokens) runs the
+  // batch, in groups of at most that many sequences.
+  Forward& fwd = sessions[0]->impl_->fwd;
+  const size_t group = static_cast<size_t>(fwd.max_chunk());
+  const size_t V = static_cast<size_t>(engine.info().vocab_size);
+  if (!engine.batch_) engine.batch_ = std::make_unique<Engine::BatchScratch>();
+  Engine::BatchScratch& B = *engine.batch_;
+  const size_t need = std::min(group, sessions.size());
+  if (B.ids.size() < need) {
+    B.states.resize(need), B.ids.resize(need), B.pos.resize(need);
+    B.logits.resize(need * V);
+  }
+  for (size_t g0 = 0; g0 < sessions.size(); g0 += group) {
+    const size_t n = std::min(group, sessions.size() - g0);
+    for (size_t i = 0; i < n; ++i) {
+      Session& s = *sessions[g0 + i];
+      B.states[i] = s.impl_->state.get();
+      B.ids[i] = tokens[g0 + i];
+      B.pos[i] = static_cast<int64_t>(s.tokens_.size());
+      s.tokens_.push_back(tokens[g0 + i]);
+      s.impl_->logits_valid = false;
+    }
+    try {
+      fwd.forward_batch(B.states.data(), B.ids.data(), B.pos.data(), static_cast<int>(n), B.logits.data());
+    } catch (...) {
+      // Every session of this group may be half-updated: start them over, as a failed append() does. Earlier groups
+      // are complete; later ones untouched.
+      for (size_t i = 0; i < n; ++i) sessions[g0 + i]->reset_after_failure();
+      throw;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      Session& s = *sessions[g0 + i];
+      Impl& I = *s.impl_;
+      std::copy(B.logits.begin() + static_cast<std::ptrdiff_t>(i * V), B.logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * V),
+                I.logits.begin());
+      const int64_t n_tok = static_cast<int64_t>(s.tokens_.size());
+      I.after_chunk(n_tok, n_tok - kTailBack);  // what run() does after append()'s one-token chunk
+      I.logits_valid = true;
+      s.last_computed_ = 1;
+    }
+  }
 }
 
 }  // namespace dsv4

@@ -43,7 +43,8 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
 
 Metrics::Metrics()
     : ttft_({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
-      itl_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}) {}
+      itl_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
+      batch_({1, 2, 4, 8, 16, 32, 64, 128, 256}) {}
 
 void Metrics::request_finished(const std::string& endpoint, int status) {
   std::lock_guard<std::mutex> l(m_);
@@ -66,6 +67,11 @@ void Metrics::observe_ttft(double s) {
 void Metrics::observe_inter_token(double s) {
   std::lock_guard<std::mutex> l(m_);
   itl_.observe(s);
+}
+
+void Metrics::observe_decode_batch(int64_t rows) {
+  std::lock_guard<std::mutex> l(m_);
+  batch_.observe(static_cast<double>(rows));
 }
 
 void Metrics::set_gauges(std::function<GaugeSnapshot()> fn) {
@@ -100,6 +106,7 @@ std::string Metrics::render() const {
   scalar(out, "dsv4_generation_tokens_total", "counter", "completion tokens generated", completion_tokens_);
   ttft_.render("dsv4_time_to_first_token_seconds", "submit to first token, queueing included", out);
   itl_.render("dsv4_inter_token_latency_seconds", "time between consecutive tokens of one request", out);
+  batch_.render("dsv4_decode_batch_size", "sequences per batched decode forward", out);
   scalar(out, "dsv4_queue_depth", "gauge", "requests waiting for a slot", g.queue_depth);
   scalar(out, "dsv4_active_requests", "gauge", "requests holding a slot", g.active_requests);
   scalar(out, "dsv4_slots_busy", "gauge", "slots (sessions) in use", g.slots_busy);

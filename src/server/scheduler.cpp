@@ -146,7 +146,9 @@ void Scheduler::prefill_chunk(Job& j) {
   }
 }
 
-void Scheduler::decode_step(Job& j) {
+// Samples the next token of a decoding job from its session's logits and streams it. True when the job goes on
+// (its token must be appended); false when it has finished.
+bool Scheduler::sample_step(Job& j) {
   Session& session = *slots_[static_cast<size_t>(j.slot)].session;
   RequestEvent ev;
   bool ended = j.gen.step(session.logits(), [&](const text::CompletionDelta& d) {
@@ -167,10 +169,43 @@ void Scheduler::decode_step(Job& j) {
   j.handle->push(std::move(ev));
   if (ended) {
     finish(j, "done");
+    return false;
+  }
+  if (static_cast<int64_t>(session.tokens().size()) + 1 > session.max_context()) {  // would fail the whole batch
+    finish(j, "context full: the session's max context is reached");
+    return false;
+  }
+  return true;
+}
+
+// One decode step of every decoding job: sample each job's token, then append all of them in one batched forward.
+void Scheduler::decode_batch(const std::vector<Job*>& jobs) {
+  batch_jobs_.clear();
+  batch_sessions_.clear();
+  batch_tokens_.clear();
+  for (Job* j : jobs) {
+    try {
+      if (!sample_step(*j)) continue;
+    } catch (const std::exception& e) {
+      finish(*j, e.what());
+      continue;
+    }
+    batch_jobs_.push_back(j);
+    batch_sessions_.push_back(slots_[static_cast<size_t>(j->slot)].session.get());
+    batch_tokens_.push_back(j->gen.last_token());
+  }
+  if (batch_jobs_.empty()) return;
+  try {
+    Session::append_batch(batch_sessions_, batch_tokens_);
+  } catch (const std::exception& e) {
+    for (Job* j : batch_jobs_) finish(*j, e.what());
     return;
   }
-  session.append(j.gen.last_token());
-  slots_[static_cast<size_t>(j.slot)].held = static_cast<int64_t>(session.tokens().size());
+  if (metrics_) metrics_->observe_decode_batch(static_cast<int64_t>(batch_jobs_.size()));
+  for (Job* j : batch_jobs_) {
+    Slot& s = slots_[static_cast<size_t>(j->slot)];
+    s.held = static_cast<int64_t>(s.session->tokens().size());
+  }
 }
 
 void Scheduler::finish(Job& j, const char* why) {
@@ -228,20 +263,20 @@ void Scheduler::loop() {
     }
     // Jobs are only added/removed by this thread (admit runs here), so iterating without the lock is safe; the lock
     // only guards the containers against gauges() readers when we erase.
+    // Cancellations first (their slots free at once), then one batched decode step of every decoding request.
+    std::vector<Job*>& decoding = decoding_;
+    decoding.clear();
     for (auto& jp : active_) {
       Job& j = *jp;
       if (j.slot < 0) continue;
-      try {
-        if (j.handle->cancelled()) {
-          j.gen.cancel(nullptr);
-          finish(j, "cancelled");
-        } else if (j.decoding) {
-          decode_step(j);
-        }
-      } catch (const std::exception& e) {
-        finish(j, e.what());
+      if (j.handle->cancelled()) {
+        j.gen.cancel(nullptr);
+        finish(j, "cancelled");
+      } else if (j.decoding) {
+        decoding.push_back(&j);
       }
     }
+    if (!decoding.empty()) decode_batch(decoding);
     std::vector<Job*> prefilling;
     for (auto& jp : active_)
       if (jp->slot >= 0 && !jp->decoding) prefilling.push_back(jp.get());

@@ -4,11 +4,12 @@
 //
 // Each loop iteration: admit queued requests into free slots (a slot = one Session; the free slot whose tokens
 // share the longest prefix with the prompt is chosen, so follow-up turns and shared system prompts skip prefill),
-// drop cancelled requests (their slot is free at once), run one decode step of every decoding request, then one
-// prefill chunk of one prefilling request (round-robin). Long prompts therefore never stall the streams of other
-// requests for more than one chunk. This is continuous batching at the scheduling level: the backends still
-// compute one sequence per forward call, so aggregate throughput does not grow with the batch the way a batched
-// matmul would make it grow.
+// drop cancelled requests (their slot is free at once), run ONE batched decode step over every decoding request
+// (each samples its next token, then Session::append_batch feeds all of them through one multi-sequence forward:
+// the position-free ops run once over all rows, so a step costs one pass over the weights, not one per request),
+// then one prefill chunk of one prefilling request (round-robin). Long prompts therefore never stall the streams of
+// other requests for more than one chunk. Rows of a batch are independent (bit-identical to running alone on the
+// CPU), so a request's output does not depend on what else runs.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -86,7 +87,8 @@ class Scheduler {
   void loop();
   void admit();                          // under m_
   void prefill_chunk(Job& j);
-  void decode_step(Job& j);
+  bool sample_step(Job& j);              // false when the job finished
+  void decode_batch(const std::vector<Job*>& jobs);
   void finish(Job& j, const char* why);  // emits Done/Error and frees the slot
 
   Engine& engine_;
@@ -99,6 +101,10 @@ class Scheduler {
   std::vector<std::unique_ptr<Job>> active_;
   std::vector<Slot> slots_;
   size_t prefill_rr_ = 0;
+  // Per-iteration lists, kept to reuse their storage.
+  std::vector<Job*> decoding_, batch_jobs_;
+  std::vector<Session*> batch_sessions_;
+  std::vector<int32_t> batch_tokens_;
   uint64_t tick_ = 0;
   bool stop_ = false;
   std::thread thread_;

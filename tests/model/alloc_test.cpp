@@ -44,6 +44,41 @@ TEST(DecodeLoop, NoHeapAllocationPerToken) {
   }
 }
 
+// Batched decode across sequences allocates nothing per step either (row pointers and positions are the caller's).
+TEST(DecodeLoop, NoHeapAllocationPerBatchedStep) {
+  for (const std::string name : {"flash_fp8", "pro_fp8"}) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    Model m(dir, make_cpu_backend(), Numerics::Official);
+    const int S = 3;
+    Forward fwd(m, S);
+    std::vector<std::unique_ptr<SequenceState>> sts;
+    std::vector<SequenceState*> rows;
+    for (int s = 0; s < S; ++s) {
+      sts.push_back(m.backend().new_sequence(static_cast<int64_t>(ids.size())));
+      rows.push_back(sts.back().get());
+    }
+    std::vector<float> logits(static_cast<size_t>(m.config().vocab_size) * S);
+    std::vector<int32_t> tok(S);
+    std::vector<int64_t> pos(S);
+    // Sequence s starts s tokens ahead (its first tokens as a chunk), so the rows sit at different positions.
+    for (int s = 1; s < S; ++s) fwd.forward(*rows[static_cast<size_t>(s)], ids.data(), s, 0, logits.data(), true);
+    auto step = [&](size_t k) {
+      for (int s = 0; s < S; ++s) {
+        pos[static_cast<size_t>(s)] = static_cast<int64_t>(k) + s;
+        tok[static_cast<size_t>(s)] = ids[k + static_cast<size_t>(s)];
+      }
+      fwd.forward_batch(rows.data(), tok.data(), pos.data(), S, logits.data());
+    };
+    step(0);  // first step may size lazily-grown buffers
+    g_allocs = 0;
+    g_counting = true;
+    for (size_t k = 1; k + S < ids.size(); ++k) step(k);
+    g_counting = false;
+    EXPECT_EQ(g_allocs.load(), 0) << name << ": heap allocations during batched decode steps";
+  }
+}
+
 // The counter itself works (so the test above can fail).
 TEST(DecodeLoop, CounterSeesAllocations) {
   g_allocs = 0;

@@ -1,6 +1,7 @@
 // Session prefix reuse: after sync(A) then sync(B), the logits equal a fresh session's on B bit for bit (CPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -92,6 +93,81 @@ TEST(Session, ContextLimitIsAClearError) {
   EXPECT_THROW(s->sync({5, 99999}), Error);
   auto empty = e->new_session();
   EXPECT_THROW(empty->logits(), Error);
+}
+
+// Session::append_batch leaves every session exactly as append() would: tokens, logits (bit for bit), and the
+// snapshots that later syncs reuse (crossing the 64-token snapshot interval while batched).
+TEST(Session, AppendBatchEqualsAppend) {
+  for (auto [name, chunk] : {std::pair<const char*, int>{"flash_fp8", 3}, {"pro_fp8", 64}}) {
+    auto ids = fixture_ids(name);
+    auto e = load(name, chunk);  // chunk 3: batches of 5 sessions run as groups of 3 + 2
+    const std::vector<size_t> start = {0, 1, 58, 62, 63};
+    std::vector<std::unique_ptr<Session>> solo, bat;
+    for (size_t s = 0; s < start.size(); ++s) {
+      solo.push_back(e->new_session());
+      bat.push_back(e->new_session());
+      solo.back()->sync(prefix(ids, start[s]));
+      bat.back()->sync(prefix(ids, start[s]));
+    }
+    auto next = [&](size_t s, const Session& x) { return ids[(x.tokens().size() + 11 * s) % ids.size()]; };
+    for (int step = 0; step < 12; ++step) {
+      std::vector<Session*> rows;
+      std::vector<int32_t> toks;
+      for (size_t s = 0; s < start.size(); ++s) {
+        if ((step + static_cast<int>(s)) % 5 == 4) continue;  // membership changes from step to step
+        toks.push_back(next(s, *bat[s]));
+        rows.push_back(bat[s].get());
+        solo[s]->append(toks.back());
+      }
+      Session::append_batch(rows, toks);
+      for (size_t s = 0; s < start.size(); ++s) {
+        ASSERT_EQ(bat[s]->tokens(), solo[s]->tokens()) << name << " session " << s << " step " << step;
+        ASSERT_EQ(bat[s]->logits().size(), solo[s]->logits().size());
+        ASSERT_EQ(std::memcmp(bat[s]->logits().data(), solo[s]->logits().data(), solo[s]->logits().size() * 4), 0)
+            << name << " session " << s << " step " << step;
+        if (std::find(rows.begin(), rows.end(), bat[s].get()) != rows.end()) {
+          EXPECT_EQ(bat[s]->last_computed(), 1);
+        }
+      }
+    }
+    // Snapshots taken while batched serve later syncs like append()'s: diverge right after the 64-token boundary.
+    for (size_t s = 0; s < start.size(); ++s) {
+      std::vector<int32_t> b = bat[s]->tokens();
+      if (b.size() <= 66) continue;
+      b.resize(66);
+      b.push_back(7);
+      solo[s]->sync(b);
+      bat[s]->sync(b);
+      EXPECT_EQ(bat[s]->last_computed(), solo[s]->last_computed()) << name << " session " << s;
+      EXPECT_LE(bat[s]->last_computed(), 3) << "the snapshot at 64 taken during append_batch was not reused";
+      EXPECT_EQ(std::memcmp(bat[s]->logits().data(), solo[s]->logits().data(), solo[s]->logits().size() * 4), 0);
+    }
+  }
+}
+
+TEST(Session, AppendBatchRejectsBadInputsWithoutSideEffects) {
+  auto ids = fixture_ids("flash_bf16");
+  auto e = load("flash_bf16", 16);
+  auto other = load("flash_bf16", 16);
+  auto a = e->new_session(), b = e->new_session(), c = other->new_session();
+  a->sync(prefix(ids, 5));
+  b->sync(prefix(ids, 9));
+  c->sync(prefix(ids, 2));
+  const auto la = a->logits();
+  EXPECT_THROW(Session::append_batch({a.get(), b.get()}, {1}), Error);                 // sizes differ
+  EXPECT_THROW(Session::append_batch({a.get(), a.get()}, {1, 2}), Error);              // same session twice
+  EXPECT_THROW(Session::append_batch({a.get(), c.get()}, {1, 2}), Error);              // different engines
+  EXPECT_THROW(Session::append_batch({a.get(), b.get()}, {1, 1 << 30}), Error);        // token out of range
+  auto full = e->new_session();
+  full->sync(std::vector<int32_t>(512, 5));
+  EXPECT_THROW(Session::append_batch({a.get(), full.get()}, {1, 2}), Error);           // context full
+  EXPECT_EQ(a->tokens(), prefix(ids, 5));
+  EXPECT_EQ(b->tokens(), prefix(ids, 9));
+  EXPECT_EQ(std::memcmp(a->logits().data(), la.data(), la.size() * 4), 0);
+  Session::append_batch({}, {});  // nothing to do
+  Session::append_batch({a.get(), b.get()}, {ids[5], ids[9]});
+  EXPECT_EQ(a->tokens(), prefix(ids, 6));
+  EXPECT_EQ(b->tokens(), prefix(ids, 10));
 }
 
 }  // namespace

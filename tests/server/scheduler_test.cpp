@@ -83,6 +83,40 @@ TEST(Scheduler, InterleavedEqualsAlone) {
   EXPECT_NE(metrics.render().find("dsv4_generations_total{finish_reason=\"length\"} 5"), std::string::npos);
 }
 
+double metric(const std::string& text, const std::string& name) {
+  size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "metric " << name << " missing";
+    return -1;
+  }
+  return std::stod(text.substr(at + name.size() + 2));
+}
+
+// Decoding requests share one batched forward per step, and each still gets exactly its output alone.
+TEST(Scheduler, DecodeStepsAreBatched) {
+  std::vector<GenerationResult> alone;
+  for (int i = 0; i < 4; ++i) {
+    auto s = fx().engine->new_session();
+    alone.push_back(generate(*s, fx().tok, request(i, 12)));
+  }
+  Metrics metrics;
+  Scheduler sched(*fx().engine, fx().tok, SchedulerOptions{4, 8, 256}, &metrics);
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (int i = 0; i < 4; ++i) hs.push_back(sched.submit(request(i, 12)));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(wait_done(*hs[static_cast<size_t>(i)]).completion_ids, alone[static_cast<size_t>(i)].completion_ids);
+  const std::string m = metrics.render();
+  const double steps = metric(m, "dsv4_decode_batch_size_count"), rows = metric(m, "dsv4_decode_batch_size_sum");
+  const double single = metric(m, "dsv4_decode_batch_size_bucket{le=\"1\"}");
+  // Every sampled token but each request's last is appended; one prefill per iteration makes only the first few
+  // steps smaller than 4 rows.
+  double want_rows = 0;
+  for (const auto& r : alone) want_rows += static_cast<double>(r.completion_ids.size()) - 1;
+  EXPECT_EQ(rows, want_rows);
+  EXPECT_LT(steps, 20) << "decode steps were not batched";
+  EXPECT_LT(single, steps);
+}
+
 TEST(Scheduler, CancelFreesSlotAndQueueBound) {
   Scheduler sched(*fx().engine, fx().tok, SchedulerOptions{1, 1, 64});
   auto a = sched.submit(request(1, 200));

@@ -269,7 +269,7 @@ class CpuBackend final : public Backend {
     const int hc = c_.hc_mult;
     const int64_t d = c_.hidden;
     const float eps = static_cast<float>(c_.hc_eps);
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n > 1 && parallel_worth(int64_t{n} * c_.hc_mix() * hc * d))
     for (int t = 0; t < n; ++t) {
       const float* Xt = X + t * hc * d;
       vector<float>& mix = scratch(13, static_cast<size_t>(c_.hc_mix()));
@@ -292,7 +292,7 @@ class CpuBackend final : public Backend {
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
     const int hc = c_.hc_mult;
     const int64_t d = c_.hidden;
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n > 1 && parallel_worth(int64_t{n} * hc * hc * d))
     for (int t = 0; t < n; ++t) {
       float* Xt = X + t * hc * d;
       const float* C = comb + t * hc * hc;
@@ -308,7 +308,81 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // The position/state ops are written once over "rows": row i is at position pos(i) of sequence seq(i). A chunk
+  // of one sequence is pos(i) = pos0 + i, seq(i) = st; a batched decode step (the *_rows ops) is pos(i) = pos[i],
+  // seq(i) = *sts[i]. Either way every row computes exactly the same arithmetic.
+  struct ChunkRows {
+    int64_t pos0;
+    SequenceState* st;
+    int64_t pos(int i) const { return pos0 + i; }
+    CpuSequence& seq(int) const { return static_cast<CpuSequence&>(*st); }
+    // Window KV of this call's rows: row i's own kv covers positions [first(i), pos(i)].
+    int64_t first(int) const { return pos0; }
+    int64_t kv_row(int, int64_t p) const { return p - pos0; }
+  };
+  struct BatchRows {
+    const int64_t* p;
+    SequenceState* const* sts;
+    int64_t pos(int i) const { return p[i]; }
+    CpuSequence& seq(int i) const { return static_cast<CpuSequence&>(*sts[i]); }
+    int64_t first(int i) const { return p[i]; }
+    int64_t kv_row(int i, int64_t) const { return i; }
+  };
+
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
+    qkv_impl(layer, x, n, ChunkRows{pos0, nullptr}, qr, q, kv);
+  }
+  void attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) override {
+    qkv_impl(layer, x, n, BatchRows{pos, nullptr}, qr, q, kv);
+  }
+  void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
+                       SequenceState& sst) override {
+    compressor_impl(layer, which, x, n, ChunkRows{pos0, &sst});
+  }
+  void compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,
+                            SequenceState* const* sts) override {
+    compressor_impl(layer, which, x, n, BatchRows{pos, sts});
+  }
+  void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
+                    int32_t* topk) override {
+    indexer_impl(layer, x, qr, n, ChunkRows{pos0, &sst}, topk);
+  }
+  void indexer_topk_rows(int layer, const float* x, const float* qr, int n, const int64_t* pos,
+                         SequenceState* const* sts, int32_t* topk) override {
+    indexer_impl(layer, x, qr, n, BatchRows{pos, sts}, topk);
+  }
+  void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
+              SequenceState& sst, float* o) override {
+    attend_impl(layer, q, kv, topk, n, ChunkRows{pos0, &sst}, o);
+  }
+  void attend_rows(int layer, const float* q, const float* kv, const int32_t* topk, int n, const int64_t* pos,
+                   SequenceState* const* sts, float* o) override {
+    attend_impl(layer, q, kv, topk, n, BatchRows{pos, sts}, o);
+  }
+  void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
+    LayerState& S = static_cast<CpuSequence&>(sst).layers_[static_cast<size_t>(layer)];
+    const int Wn = c_.window;
+    const int64_t D = c_.head_dim;
+    for (int i = std::max(0, n - Wn); i < n; ++i)
+      std::memcpy(S.ring.data() + ((pos0 + i) % Wn) * D, kv + static_cast<int64_t>(i) * D, static_cast<size_t>(D) * 4);
+  }
+  void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts) override {
+    const int Wn = c_.window;
+    const int64_t D = c_.head_dim;
+    for (int i = 0; i < n; ++i) {
+      LayerState& S = static_cast<CpuSequence&>(*sts[i]).layers_[static_cast<size_t>(layer)];
+      std::memcpy(S.ring.data() + (pos[i] % Wn) * D, kv + static_cast<int64_t>(i) * D, static_cast<size_t>(D) * 4);
+    }
+  }
+  void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
+    out_impl(layer, o, n, ChunkRows{pos0, nullptr}, out);
+  }
+  void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out) override {
+    out_impl(layer, o, n, BatchRows{pos, nullptr}, out);
+  }
+
+  template <class Rows>
+  void qkv_impl(int layer, const float* x, int n, const Rows& rows, float* qr, float* q, float* kv) {
     const Layer& L = layers_[static_cast<size_t>(layer)];
     const int64_t D = c_.head_dim, R = c_.rope_dim, nope = D - R, ql = c_.q_lora_rank;
     const int H = c_.n_heads;
@@ -324,7 +398,7 @@ class CpuBackend final : public Backend {
         float* qh = q + (static_cast<int64_t>(t) * H + h) * D;
         cpu::rms_norm(qh, D, nullptr, c_.rms_eps, qh);
         if (official_) num::round_bf16(qh, D);
-        rope_rotate(qh + nope, L.inv_freq.data(), static_cast<int>(R / 2), pos0 + t, false);
+        rope_rotate(qh + nope, L.inv_freq.data(), static_cast<int>(R / 2), rows.pos(t), false);
         if (official_) num::round_bf16(qh + nope, R);
       }
     linear(L.wkv, x, n, tmp.data());
@@ -332,7 +406,7 @@ class CpuBackend final : public Backend {
       float* k = kv + t * D;
       cpu::rms_norm(tmp.data() + t * D, D, L.kv_norm.data(), c_.rms_eps, k);
       if (official_) num::round_bf16(k, D);
-      rope_rotate(k + nope, L.inv_freq.data(), static_cast<int>(R / 2), pos0 + t, false);
+      rope_rotate(k + nope, L.inv_freq.data(), static_cast<int>(R / 2), rows.pos(t), false);
       if (official_) {
         num::round_bf16(k + nope, R);
         num::fp8_sim(k, nope, 64);  // SIM8 of the nope dims (448 = 7 blocks of 64 in the releases)
@@ -340,19 +414,14 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
-                       SequenceState& sst) override {
+  template <class Rows>
+  void compressor_impl(int layer, CompressorKind which, const float* x, int n, const Rows& rows) {
     const Layer& L = layers_[static_cast<size_t>(layer)];
-    LayerState& S = static_cast<CpuSequence&>(sst).layers_[static_cast<size_t>(layer)];
     const bool main = which == CompressorKind::Main;
     const Comp& C = main ? L.comp : L.icomp;
-    vector<float>& sK = main ? S.cK : S.iK;
-    vector<float>& sZ = main ? S.cZ : S.iZ;
-    vector<float>& cache = main ? S.comp_cache : S.idx_cache;
-    int64_t& count = main ? S.n_comp : S.n_idx;
     const int m = C.ratio;
     const int64_t c = C.width, coff = C.overlap ? 2 : 1, W = coff * c;
-    // Projections for the whole chunk (fp32 GEMM, as the reference).
+    // Projections for all rows (fp32 GEMM, as the reference).
     vector<float>& K = scratch(1, static_cast<size_t>(n * W));
     vector<float>& Z = scratch(2, static_cast<size_t>(n * W));
     cpu::matmul_nt(x, n, c_.hidden, C.wkv.w.data(), W, K.data());
@@ -360,7 +429,13 @@ class CpuBackend final : public Backend {
     vector<float>& entry = scratch(22, static_cast<size_t>(c));
     vector<float>& wts = scratch(21, static_cast<size_t>(2 * m));
     for (int i = 0; i < n; ++i) {
-      const int64_t t = pos0 + i;
+      CpuSequence& sq = rows.seq(i);
+      LayerState& S = sq.layers_[static_cast<size_t>(layer)];
+      vector<float>& sK = main ? S.cK : S.iK;
+      vector<float>& sZ = main ? S.cZ : S.iZ;
+      vector<float>& cache = main ? S.comp_cache : S.idx_cache;
+      int64_t& count = main ? S.n_comp : S.n_idx;
+      const int64_t t = rows.pos(i);
       const int r = static_cast<int>(t % m);
       const int64_t row = C.overlap ? m + r : r;  // overlapping: rows m..2m-1 = current window
       for (int64_t j = 0; j < W; ++j) {
@@ -397,16 +472,15 @@ class CpuBackend final : public Backend {
       }
       finish_entry(L, C, entry.data(), w * m, main);
       if ((count + 1) * c > static_cast<int64_t>(cache.size()))
-        fail("compressed cache of layer ", layer, " is full (max context ", sst.max_context(), ")");
+        fail("compressed cache of layer ", layer, " is full (max context ", sq.max_context(), ")");
       std::copy(entry.begin(), entry.begin() + c, cache.begin() + count * c);
       ++count;
     }
   }
 
-  void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
-                    int32_t* topk) override {
+  template <class Rows>
+  void indexer_impl(int layer, const float* x, const float* qr, int n, const Rows& rows, int32_t* topk) {
     const Layer& L = layers_[static_cast<size_t>(layer)];
-    const LayerState& S = static_cast<CpuSequence&>(sst).layers_[static_cast<size_t>(layer)];
     const int Hi = c_.index_n_heads, K = c_.index_topk, m = L.ratio;
     const int64_t Di = c_.index_head_dim, R = c_.rope_dim;
     vector<float>& qI = scratch(3, static_cast<size_t>(n * Hi * Di));
@@ -415,9 +489,10 @@ class CpuBackend final : public Backend {
     cpu::matmul_nt(x, n, c_.hidden, L.idx_wproj.w.data(), Hi, wI.data());
     const float wscale = 1.0f / std::sqrt(static_cast<float>(Hi));
     const float qscale = 1.0f / std::sqrt(static_cast<float>(Di));
-#pragma omp parallel for schedule(dynamic) if (n > 1)
+#pragma omp parallel for schedule(dynamic) if (n > 1 && parallel_worth(int64_t{n} * Hi * Di * ((rows.pos(n - 1) + 1) / m + 1)))
     for (int i = 0; i < n; ++i) {
-      const int64_t t = pos0 + i;
+      const int64_t t = rows.pos(i);
+      const LayerState& S = rows.seq(i).layers_[static_cast<size_t>(layer)];
       const int64_t visible = (t + 1) / m;
       if (visible > S.n_idx) fail("indexer: ", visible, " entries should be visible at position ", t, " but only ", S.n_idx, " exist");
       for (int h = 0; h < Hi; ++h) {
@@ -454,16 +529,16 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
-              SequenceState& sst, float* o) override {
+  template <class Rows>
+  void attend_impl(int layer, const float* q, const float* kv, const int32_t* topk, int n, const Rows& rows, float* o) {
     const Layer& L = layers_[static_cast<size_t>(layer)];
-    const LayerState& S = static_cast<CpuSequence&>(sst).layers_[static_cast<size_t>(layer)];
     const int H = c_.n_heads, Wn = c_.window, K = c_.index_topk;
     const int64_t D = c_.head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-#pragma omp parallel for schedule(dynamic) if (n > 1)
+#pragma omp parallel for schedule(dynamic) if (n > 1 && parallel_worth(int64_t{n} * H * D * (Wn + K)))
     for (int i = 0; i < n; ++i) {
-      const int64_t t = pos0 + i;
+      const int64_t t = rows.pos(i);
+      const LayerState& S = rows.seq(i).layers_[static_cast<size_t>(layer)];
       // Candidate rows: window positions max(0, t-W+1)..t, then compressed entries.
       vector<const float*>& rowbuf = tls<const float*>(0, 0);
       size_t nrows = 0;
@@ -472,7 +547,7 @@ class CpuBackend final : public Backend {
         rowbuf[nrows++] = r;
       };
       for (int64_t p = std::max<int64_t>(0, t - Wn + 1); p <= t; ++p)
-        push(p >= pos0 ? kv + (p - pos0) * D : S.ring.data() + (p % Wn) * D);
+        push(p >= rows.first(i) ? kv + rows.kv_row(i, p) * D : S.ring.data() + (p % Wn) * D);
       if (L.kind == AttnKind::HCA) {
         const int64_t visible = (t + 1) / L.ratio;
         if (visible > S.n_comp) fail("attention: HCA entries missing at position ", t);
@@ -514,15 +589,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
-    LayerState& S = static_cast<CpuSequence&>(sst).layers_[static_cast<size_t>(layer)];
-    const int Wn = c_.window;
-    const int64_t D = c_.head_dim;
-    for (int i = std::max(0, n - Wn); i < n; ++i)
-      std::memcpy(S.ring.data() + ((pos0 + i) % Wn) * D, kv + static_cast<int64_t>(i) * D, static_cast<size_t>(D) * 4);
-  }
-
-  void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
+  template <class Rows>
+  void out_impl(int layer, const float* o, int n, const Rows& rows, float* out) {
     const Layer& L = layers_[static_cast<size_t>(layer)];
     const int H = c_.n_heads, G = c_.o_groups;
     const int64_t D = c_.head_dim, R = c_.rope_dim, nope = D - R, ro = c_.o_lora_rank, gin = H * D / G;
@@ -531,12 +599,12 @@ class CpuBackend final : public Backend {
     for (int t = 0; t < n; ++t)
       for (int h = 0; h < H; ++h) {
         float* uh = u.data() + (static_cast<int64_t>(t) * H + h) * D;
-        rope_rotate(uh + nope, L.inv_freq.data(), static_cast<int>(R / 2), pos0 + t, true);  // de-rotate
+        rope_rotate(uh + nope, L.inv_freq.data(), static_cast<int>(R / 2), rows.pos(t), true);  // de-rotate
         if (official_) num::round_bf16(uh + nope, R);
       }
     vector<float>& z = scratch(6, static_cast<size_t>(n * G * ro));
     // Grouped wo_a: group g = heads g*H/G.. (contiguous), rows g*ro..(g+1)*ro of wo_a.
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (parallel_worth(int64_t{n} * H * D * ro))
     for (int t = 0; t < n; ++t)
       for (int g = 0; g < G; ++g)
         for (int64_t r = 0; r < ro; ++r)
@@ -553,12 +621,16 @@ class CpuBackend final : public Backend {
     vector<float>& logits = scratch(7, static_cast<size_t>(n * E));
     cpu::matmul_nt(x, n, d, L.gate.w.data(), E, logits.data());
     std::fill(out, out + static_cast<int64_t>(n) * d, 0.0f);
+    if (k > 64) fail("num_experts_per_tok > 64 is not supported");
+    // Tokens in parallel when the experts are too small for matmul_nt to parallelise (tiny models, batched decode);
+    // each token's arithmetic is the same either way.
+    const bool small = !parallel_worth(c_.moe_inter * d);
+#pragma omp parallel for schedule(dynamic) if (n > 1 && small && parallel_worth(int64_t{n} * (k + 1) * 3 * c_.moe_inter * d))
     for (int t = 0; t < n; ++t) {
       const float* lg = logits.data() + static_cast<int64_t>(t) * E;
       vector<float>& s = scratch(15, static_cast<size_t>(E));
       score(lg, E, s.data());
       int idx[64];
-      if (k > 64) fail("num_experts_per_tok > 64 is not supported");
       if (L.hash) {
         for (int j = 0; j < k; ++j) idx[j] = L.tid2eid[static_cast<size_t>(ids[t]) * k + j];
       } else {
@@ -618,6 +690,10 @@ class CpuBackend final : public Backend {
 
  private:
   static float sigmoidf(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+  // Whether a loop of about `work` multiply-adds is worth an OpenMP team (the threshold matmul_nt uses): tiny models
+  // and small batches run serially, which also keeps concurrent processes (ctest -j, a client on the same cores)
+  // from stalling on spinning barriers. Results do not depend on it: each row's arithmetic is the same.
+  static bool parallel_worth(int64_t work) { return work > 65536; }
 
   const Layer& mtp_layer() const {
     if (layers_.size() <= static_cast<size_t>(c_.n_layers)) fail("this checkpoint has no MTP block");

@@ -1,0 +1,205 @@
+// Batched decode across sequences (Forward::forward_batch): one token of each of several sequences at DIFFERENT
+// positions per forward must give every sequence exactly the logits it gets running alone with forward() — through
+// compressor ratio boundaries, the sliding window and changing batch membership — on the CPU backend's fused *_rows
+// ops and on the Backend defaults (a row loop over the single-sequence ops, what the CUDA backend inherits).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "fixture_util.h"
+
+namespace dsv4::test {
+namespace {
+
+// Forwards every op to a CPU backend but leaves the *_rows ops to the Backend defaults.
+class DefaultRowsBackend final : public Backend {
+ public:
+  explicit DefaultRowsBackend(std::unique_ptr<Backend> b) : b_(std::move(b)) {}
+  const char* name() const override { return "cpu-default-rows"; }
+  void load(const ModelConfig& c, const ModelWeights& w, Numerics n) override { b_->load(c, w, n); }
+  std::unique_ptr<SequenceState> new_sequence(int64_t m) override { return b_->new_sequence(m); }
+  float* alloc_f32(size_t n) override { return b_->alloc_f32(n); }
+  int32_t* alloc_i32(size_t n) override { return b_->alloc_i32(n); }
+  void upload_i32(int32_t* d, const int32_t* h, size_t n) override { b_->upload_i32(d, h, n); }
+  void download_f32(float* h, const float* s, size_t n) override { b_->download_f32(h, s, n); }
+  void download_i32(int32_t* h, const int32_t* s, size_t n) override { b_->download_i32(h, s, n); }
+  void embed(const int32_t* ids, int n, float* X) override { b_->embed(ids, n, X); }
+  void hc_pre(int l, HcSite s, const float* X, int n, float* x, float* p, float* c) override { b_->hc_pre(l, s, X, n, x, p, c); }
+  void hc_post(const float* y, const float* p, const float* c, int n, float* X) override { b_->hc_post(y, p, c, n, X); }
+  void attn_qkv(int l, const float* x, int n, int64_t p, float* qr, float* q, float* kv) override {
+    ++single_calls;
+    b_->attn_qkv(l, x, n, p, qr, q, kv);
+  }
+  void compressor_step(int l, CompressorKind k, const float* x, int n, int64_t p, SequenceState& st) override {
+    b_->compressor_step(l, k, x, n, p, st);
+  }
+  void indexer_topk(int l, const float* x, const float* qr, int n, int64_t p, SequenceState& st, int32_t* t) override {
+    b_->indexer_topk(l, x, qr, n, p, st, t);
+  }
+  void attend(int l, const float* q, const float* kv, const int32_t* t, int n, int64_t p, SequenceState& st,
+              float* o) override {
+    b_->attend(l, q, kv, t, n, p, st, o);
+  }
+  void window_store(int l, const float* kv, int n, int64_t p, SequenceState& st) override { b_->window_store(l, kv, n, p, st); }
+  void attn_out(int l, const float* o, int n, int64_t p, float* out) override { b_->attn_out(l, o, n, p, out); }
+  void moe(int l, const float* x, const int32_t* ids, int n, float* out) override { b_->moe(l, x, ids, n, out); }
+  void head(const float* X, int n, float* logits) override { b_->head(X, n, logits); }
+  void mtp_input(const int32_t* ids, const float* X, int n, float* Y) override { b_->mtp_input(ids, X, n, Y); }
+  void mtp_head(const float* Y, int n, float* logits) override { b_->mtp_head(Y, n, logits); }
+  long single_calls = 0;
+
+ private:
+  std::unique_ptr<Backend> b_;
+};
+
+// Sequence s: the fixture ids shifted by s (distinct token streams), prefilled with prefill[s] tokens as one chunk,
+// then decoded one token per step. Step k batches the sequences with (k + s) % 4 != 3, so batch membership and the
+// sequences' relative positions change as they go.
+struct Plan {
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<int> prefill;
+  int steps = 0;
+};
+
+Plan make_plan(const std::vector<int32_t>& ids, int vocab) {
+  Plan p;
+  p.prefill = {0, 1, 3, 14, 15, 16, 31, 47};  // around ratio 4/16 and window 16 boundaries
+  p.steps = 40;
+  for (size_t s = 0; s < p.prefill.size(); ++s) {
+    std::vector<int32_t> t(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) t[i] = static_cast<int32_t>((ids[i] + 37 * s) % static_cast<size_t>(vocab));
+    p.toks.push_back(std::move(t));
+  }
+  return p;
+}
+
+// logits[s][k] after sequence s's k-th decoded token, computed alone: prefill chunk, then forward() one at a time.
+std::vector<std::vector<std::vector<float>>> alone(Model& m, const Plan& p) {
+  const size_t V = static_cast<size_t>(m.config().vocab_size);
+  Forward fwd(m, 64);
+  std::vector<std::vector<std::vector<float>>> out(p.toks.size());
+  for (size_t s = 0; s < p.toks.size(); ++s) {
+    auto st = m.backend().new_sequence(256);
+    std::vector<float> lg(V);
+    if (p.prefill[s] > 0) fwd.forward(*st, p.toks[s].data(), p.prefill[s], 0, lg.data(), true);
+    for (int k = 0; k < p.steps; ++k) {
+      const int64_t pos = p.prefill[s] + k;
+      fwd.forward(*st, &p.toks[s][static_cast<size_t>(pos)], 1, pos, lg.data());
+      out[s].push_back(lg);
+    }
+  }
+  return out;
+}
+
+// The same decodes through forward_batch; returns the number of rows that were not bit-identical, and the worst
+// difference relative to max|logit|.
+std::pair<int, float> batched(Model& m, const Plan& p, const std::vector<std::vector<std::vector<float>>>& want) {
+  const size_t V = static_cast<size_t>(m.config().vocab_size);
+  const size_t S = p.toks.size();
+  Forward fwd(m, 64);
+  std::vector<std::unique_ptr<SequenceState>> sts;
+  std::vector<float> lg(V);
+  for (size_t s = 0; s < S; ++s) {
+    sts.push_back(m.backend().new_sequence(256));
+    if (p.prefill[s] > 0) fwd.forward(*sts[s], p.toks[s].data(), p.prefill[s], 0, lg.data(), true);
+  }
+  std::vector<int> done(S, 0);
+  int differ = 0;
+  float worst = 0;
+  std::vector<float> out(S * V);
+  for (int k = 0; k < 2 * p.steps; ++k) {
+    std::vector<SequenceState*> rows;
+    std::vector<int32_t> ids;
+    std::vector<int64_t> pos;
+    std::vector<size_t> who;
+    for (size_t s = 0; s < S; ++s) {
+      if ((k + static_cast<int>(s)) % 4 == 3 || done[s] == p.steps) continue;
+      const int64_t ps = p.prefill[s] + done[s];
+      rows.push_back(sts[s].get());
+      ids.push_back(p.toks[s][static_cast<size_t>(ps)]);
+      pos.push_back(ps);
+      who.push_back(s);
+    }
+    if (rows.empty()) continue;
+    fwd.forward_batch(rows.data(), ids.data(), pos.data(), static_cast<int>(rows.size()), out.data());
+    for (size_t r = 0; r < who.size(); ++r) {
+      const auto& w = want[who[r]][static_cast<size_t>(done[who[r]])];
+      std::vector<float> got(out.begin() + static_cast<long>(r * V), out.begin() + static_cast<long>((r + 1) * V));
+      if (std::memcmp(got.data(), w.data(), V * 4) != 0) ++differ;
+      worst = std::max(worst, max_abs_diff(got, w) / max_abs(w));
+      ++done[who[r]];
+    }
+  }
+  for (size_t s = 0; s < S; ++s) EXPECT_EQ(done[s], p.steps) << "sequence " << s << " did not finish";
+  return {differ, worst};
+}
+
+class BatchCase : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchCase, EveryRowEqualsItsSequenceAlone) {
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  auto ids = read_bin<int32_t>(dir + "/ids.bin");
+  for (Numerics num : {Numerics::Reference, Numerics::Official}) {
+    Model m(dir, make_cpu_backend(), num);
+    Plan p = make_plan(ids, static_cast<int>(m.config().vocab_size));
+    auto want = alone(m, p);
+    auto [differ, worst] = batched(m, p, want);
+    std::printf("[batch] %-12s %-9s rows not bit-identical: %d, max|diff|/max|logit| %.3g\n", GetParam().c_str(),
+                numerics_name(num), differ, worst);
+    EXPECT_LE(worst, 2e-5f);
+    EXPECT_EQ(differ, 0) << "the CPU reference is bit-identical per row";
+  }
+}
+
+TEST_P(BatchCase, BackendDefaultRowLoopsMatchToo) {
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  auto ids = read_bin<int32_t>(dir + "/ids.bin");
+  auto wrapper = std::make_unique<DefaultRowsBackend>(make_cpu_backend());
+  DefaultRowsBackend* w = wrapper.get();
+  Model m(dir, std::move(wrapper), Numerics::Reference);
+  Plan p = make_plan(ids, static_cast<int>(m.config().vocab_size));
+  auto want = alone(m, p);
+  w->single_calls = 0;
+  auto [differ, worst] = batched(m, p, want);
+  EXPECT_GT(w->single_calls, 0) << "the default *_rows ops loop over the single-sequence ops";
+  EXPECT_LE(worst, 2e-5f);
+  EXPECT_EQ(differ, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BatchCase, ::testing::ValuesIn(fixture_cases()),
+                         [](const auto& info) { return info.param; });
+
+TEST(Batch, RejectsBadInputs) {
+  const std::string dir = fixtures_dir() + "/flash_bf16";
+  auto ids = read_bin<int32_t>(dir + "/ids.bin");
+  Model m(dir, make_cpu_backend(), Numerics::Reference);
+  Forward fwd(m, 4);
+  auto a = m.backend().new_sequence(64), b = m.backend().new_sequence(64);
+  std::vector<float> lg(static_cast<size_t>(m.config().vocab_size) * 4);
+  fwd.forward(*a, ids.data(), 3, 0, lg.data(), true);  // a holds 3 tokens, b none
+  SequenceState* rows[] = {a.get(), b.get()};
+  int32_t tok[] = {ids[3], ids[0]};
+  int64_t good[] = {3, 0}, wrong[] = {2, 0}, ahead[] = {4, 0};
+  EXPECT_THROW(fwd.forward_batch(rows, tok, wrong, 2, lg.data()), Error);  // a token a already holds
+  EXPECT_THROW(fwd.forward_batch(rows, tok, ahead, 2, lg.data()), Error);  // a gap
+  SequenceState* twice[] = {a.get(), a.get()};
+  int64_t pos_twice[] = {3, 3};
+  EXPECT_THROW(fwd.forward_batch(twice, tok, pos_twice, 2, lg.data()), Error);
+  int32_t bad_tok[] = {ids[3], static_cast<int32_t>(m.config().vocab_size)};
+  EXPECT_THROW(fwd.forward_batch(rows, bad_tok, good, 2, lg.data()), Error);
+  SequenceState* five[] = {a.get(), b.get(), a.get(), b.get(), a.get()};
+  EXPECT_THROW(fwd.forward_batch(five, tok, good, 5, lg.data()), Error);  // more rows than max_chunk
+  EXPECT_THROW(fwd.forward_batch(rows, tok, good, 0, lg.data()), Error);
+  // Nothing was run by the rejected calls: the valid batch still works and advances both sequences.
+  fwd.forward_batch(rows, tok, good, 2, lg.data());
+  EXPECT_EQ(a->tokens(), 4);
+  EXPECT_EQ(b->tokens(), 1);
+  // forward() checks the chunk position the same way.
+  EXPECT_THROW(fwd.forward(*a, ids.data() + 3, 1, 3, lg.data()), Error);
+  fwd.forward(*a, ids.data() + 4, 1, 4, lg.data());
+}
+
+}  // namespace
+}  // namespace dsv4::test

@@ -271,6 +271,29 @@ std::map<std::string, std::string> read_index(const fs::path& index_path) {
 
 }  // namespace
 
+Checkpoint Checkpoint::in_memory(const std::string& label, const std::vector<HeaderEntry>& entries,
+                                 const std::vector<const uint8_t*>& data) {
+  if (entries.size() != data.size()) fail(label, ": ", entries.size(), " entries but ", data.size(), " data pointers");
+  Checkpoint ck;
+  ck.dir_ = label;
+  ck.mem_label_ = std::make_shared<std::string>(label);
+  ck.mem_entries_ = std::make_shared<std::vector<HeaderEntry>>(entries);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const HeaderEntry& e = (*ck.mem_entries_)[i];
+    uint64_t numel = 1;
+    for (int64_t d : e.shape) {
+      if (d < 0) fail(label, ": tensor '", e.name, "' has a negative dim");
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (e.end - e.begin != numel * dtype_size(e.dtype))
+      fail(label, ": tensor '", e.name, "' holds ", e.end - e.begin, " bytes, its dtype and shape need ", numel * dtype_size(e.dtype));
+    if (!data[i]) fail(label, ": tensor '", e.name, "' has no data");
+    if (!ck.index_.emplace(e.name, TensorView{&e, data[i], ck.mem_label_.get()}).second)
+      fail(label, ": duplicate tensor '", e.name, "'");
+  }
+  return ck;
+}
+
 Checkpoint Checkpoint::open(const std::string& dir) {
   Checkpoint ck;
   ck.dir_ = dir;

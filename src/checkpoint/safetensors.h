@@ -68,6 +68,10 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   static Checkpoint open(const std::string& dir);
+  // Tensors that live in memory (synthetic benchmark weights): each entry's data pointer must outlive the checkpoint;
+  // `label` names it in error messages. Sizes are checked against dtype x shape as for files.
+  static Checkpoint in_memory(const std::string& label, const std::vector<HeaderEntry>& entries,
+                              const std::vector<const uint8_t*>& data);
 
   const std::string& dir() const { return dir_; }
   bool has(const std::string& name) const { return index_.count(name) != 0; }
@@ -82,6 +86,8 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::unordered_map<std::string, TensorView> index_;
+  std::shared_ptr<std::vector<HeaderEntry>> mem_entries_;  // in_memory(): the entries the views point to
+  std::shared_ptr<std::string> mem_label_;
 };
 
 }  // namespace dsv4::ckpt

@@ -68,6 +68,14 @@ Model::Model(const std::string& dir, std::unique_ptr<Backend> backend, Numerics 
   backend_->load(cfg_, weights_, numerics_);
 }
 
+Model::Model(ModelConfig cfg, ckpt::Checkpoint ck, std::unique_ptr<Backend> backend, Numerics numerics)
+    : cfg_(std::move(cfg)),
+      ckpt_(std::move(ck)),
+      weights_(resolve_model_weights(ckpt_, cfg_)),
+      backend_(std::move(backend)),
+      numerics_(numerics) {
+  backend_->load(cfg_, weights_, numerics_);
+}
 
 Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
   if (max_chunk <= 0) fail("max_chunk must be positive");

@@ -17,6 +17,8 @@ class Model {
  public:
   // Reads MODEL_DIR/config.json and the safetensors shards, resolves and validates every tensor, loads the backend.
   Model(const std::string& model_dir, std::unique_ptr<Backend> backend, Numerics numerics);
+  // A model over an already opened checkpoint (in-memory synthetic weights for benchmarks).
+  Model(ModelConfig cfg, ckpt::Checkpoint ck, std::unique_ptr<Backend> backend, Numerics numerics);
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return weights_; }

@@ -6,7 +6,9 @@
 # Knobs (environment): PREBUILT=DIR uses DIR/dsv4 and DIR/test_cuda built on the dev machine (carry them; saves the
 # ~3 min CUDA compile of device time) instead of configuring and building; SKIP_CTEST=1 skips the full build + CTest
 # (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer; GTEST_FILTER selects
-# test_cuda tests (default: all but the CPU-only NoiseFloor.*).
+# test_cuda tests (default: all but the CPU-only NoiseFloor.*); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
+# BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
+# and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips). With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -40,6 +42,13 @@ note "# dsv4 GPU check $(date -u +%Y-%m-%dT%H:%MZ), commit ${DSV4_COMMIT:-$(git 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 
 export DSV4_GPU_TESTS=1
+NGPU=$(nvidia-smi --list-gpus | wc -l)
+[ "$NGPU" -ge 2 ] && export DSV4_REQUIRE_TP=1
+# NCCL: the CUDA toolkit's, else the one in torch's pip wheel (nvidia-nccl-cu*).
+if ! ls /usr/local/cuda/lib64/libnccl.so* /usr/local/cuda/lib/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so* > /dev/null 2>&1; then
+  NCCL_ROOT=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null) && export NCCL_ROOT &&
+    export LD_LIBRARY_PATH=$NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} && note "- NCCL from $NCCL_ROOT"
+fi
 if [ -n "${PREBUILT:-}" ]; then
   BIN=$(cd "$PREBUILT" && pwd)
   mkdir -p "$BUILD"
@@ -74,7 +83,7 @@ print(f"max|diff| {mad:.3g} (tol {tol:.0e} x max|golden|), rel L2 {rel:.3g}, top
 sys.exit(0 if ok else 1)
 PY
 for dir in "$ROOT"/tests/fixtures/*/; do
-  [ -f "$dir/logits.bin" ] || continue
+  [ -f "$dir/logits.bin" ] && [ -z "${SKIP_GOLDEN:-}" ] || continue
   case_name=$(basename "$dir")
   V=$(python3 -c "import json;print(json.load(open('$dir/config.json'))['vocab_size'])")
   for chunk in 0 1 7; do
@@ -90,8 +99,25 @@ for dir in "$ROOT"/tests/fixtures/*/; do
   done
 done
 
-step bench 60 "$DSV4" bench-ops --reps 30
-cat "$OUT/bench.log" >> "$SUMMARY"
+grep -E '^\[tp\]' "$OUT/test_cuda.log" >> "$SUMMARY"
+if [ -z "${SKIP_BENCH_OPS:-}" ]; then
+  step bench 60 "$DSV4" bench-ops --reps 30
+  cat "$OUT/bench.log" >> "$SUMMARY"
+fi
+
+# Whole-model benchmarks on synthetic full-size weights.
+BENCH_SYNTH=${BENCH_SYNTH:-"flash --layers 20 --context 8192"}
+[ "$NGPU" -ge 2 ] && [ "$BENCH_SYNTH" = "flash --layers 20 --context 8192" ] && BENCH_SYNTH="$BENCH_SYNTH;flash --layers 43 --tp 2 --context 8192"
+if [ "$BENCH_SYNTH" != none ]; then
+  i=0
+  IFS=';' read -ra benches <<< "$BENCH_SYNTH"
+  for b in "${benches[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    step "synth$i" 420 "$DSV4" bench --synthetic $b --json "$OUT/synth$i.json"
+    { echo "\$ dsv4 bench --synthetic $b"; grep -v '^\[bench\]' "$OUT/synth$i.log" | grep -v '^{'; } >> "$SUMMARY"
+  done
+fi
 
 # Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
 if [ -z "${SKIP_CTEST:-}" ] && [ -z "${PREBUILT:-}" ]; then

@@ -3,6 +3,9 @@
 // kernels; activations are fp32 device buffers; per-sequence state lives in device memory sized from max_context.
 // Each op mirrors its CPU twin in backend/cpu/cpu_backend.cpp, including where `official` numerics quantize/round.
 #include <cuda_runtime.h>
+#if DSV4_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -29,6 +32,7 @@ class DevHeap {
     void* p = nullptr;
     DSV4_CU(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
     ptrs_.push_back(p);
+    bytes_ += bytes;
     return p;
   }
   template <typename T>
@@ -50,6 +54,7 @@ class DevHeap {
     bytes_ += l.weight_bytes();
     return l;
   }
+  uint64_t bytes() const { return bytes_; }  // everything allocated through this heap
 
  private:
   std::vector<void*> ptrs_;
@@ -109,8 +114,17 @@ struct DecodeGraph {
   bool warmed = false;          // one eager step in graph mode has sized every scratch buffer for this key
   uint64_t scratch_gen = 0;     // the scratch generation the recording points into
   cudaGraphExec_t exec = nullptr;
+  // CudaOptions::profile_ops: an event pair around every op of the step, in op order (recorded as event nodes when
+  // captured, so every replay re-records them).
+  struct OpEvents {
+    const char* name;
+    cudaEvent_t begin, end;
+  };
+  std::vector<OpEvents> prof;
+  size_t prof_n = 0;
   ~DecodeGraph() {
     if (exec) cudaGraphExecDestroy(exec);
+    for (auto& e : prof) cudaEventDestroy(e.begin), cudaEventDestroy(e.end);
   }
 };
 
@@ -243,11 +257,15 @@ class CudaSequence final : public SequenceState {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const CudaOptions& o) : opts_(o) {
+  explicit CudaBackend(const CudaOptions& o) : opts_(o), profiling_(o.profile_ops), tp_(o.tp_size), rank_(o.tp_rank) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
       fail("the CUDA backend needs a GPU: ", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device visible");
+    if (o.device < 0 || o.device >= n) fail("CUDA device ", o.device, " does not exist (", n, " visible)");
+    if (tp_ < 1 || rank_ < 0 || rank_ >= tp_ || (tp_ > 1 && !o.nccl_comm))
+      fail("CUDA backend: bad tensor-parallel rank ", rank_, " of ", tp_);
+    DSV4_CU(cudaSetDevice(o.device));
     DSV4_CU(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
@@ -277,6 +295,13 @@ class CudaBackend final : public Backend {
       case ckpt::DType::F16: embed_dtype_ = 2; break;
       default: fail(*et.file, ": embedding '", et.name(), "' has dtype ", ckpt::dtype_name(et.dtype()), ", expected BF16/F16/F32");
     }
+    const uint64_t before = heap_.bytes();
+    if (tp_ > 1) {
+      if (c.n_heads % tp_ || c.o_groups % tp_ || c.moe_inter % tp_ || c.vocab_size % tp_)
+        fail("CUDA backend: this model does not split ", tp_, " ways");
+      if (w.head.out * tp_ != c.vocab_size || w.layers.empty() || w.layers[0].wq_b.out * tp_ != c.n_heads * c.head_dim)
+        fail("CUDA backend rank ", rank_, ": load it with the rank's weight shards (shard_model_weights)");
+    }
     embed_ = heap_.upload(et.data, et.nbytes());
     head_ = heap_.linear(w.head);
     norm_ = heap_.upload_f32(w.norm);
@@ -284,7 +309,9 @@ class CudaBackend final : public Backend {
     for (const LayerWeights& lw : w.layers) layers_.push_back(load_layer(lw));
     // The MTP block is layer n_layers (as on the CPU): its sequence state comes with every new_sequence.
     if (w.mtp) layers_.push_back(load_layer(*w.mtp));
+    weight_bytes_ = heap_.bytes() - before;
   }
+  uint64_t weight_bytes() const { return weight_bytes_; }
 
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override {
     if (max_context <= 0) fail("max context must be positive");
@@ -341,6 +368,7 @@ class CudaBackend final : public Backend {
     }
     // Pageable source: the copy is staged before the call returns, so `pos` may go out of scope.
     DSV4_CU(cudaMemcpyAsync(dpos_, &pos, sizeof(int64_t), cudaMemcpyHostToDevice, s_));
+    last_step_ = &g;
     if (g.exec) {
       advance_counts(S, pos);  // what compressor_step does on the host for the main layers
       DSV4_CU(cudaGraphLaunch(g.exec, s_));
@@ -349,9 +377,12 @@ class CudaBackend final : public Backend {
     }
     step_ = &g;
     dyn_ = true;
+    g.prof_n = 0;
     if (!g.warmed) return StepMode::Eager;
     // Thread-local capture: other threads' CUDA calls are unaffected; an illegal call on this thread fails loudly.
-    DSV4_CU(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+    // TP ranks capture side by side from one thread (the next rank's step set-up runs while this rank captures), so
+    // they use relaxed mode.
+    DSV4_CU(cudaStreamBeginCapture(s_, tp_ > 1 ? cudaStreamCaptureModeRelaxed : cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     return StepMode::Record;
   }
@@ -382,10 +413,12 @@ class CudaBackend final : public Backend {
   }
 
   void embed(const int32_t* ids, int n, float* X) override {
+    OpScope prof(this, "embed");
     cuda::embed(embed_, embed_dtype_, c_.hidden, ids, n, c_.hc_mult, X, s_);
   }
 
   void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
+    OpScope prof(this, "hc_pre");
     const DevLayer& L = lay(layer);
     const DevHc& h = site == HcSite::Attn ? L.hc_attn : L.hc_ffn;
     cuda::HcPreArgs a;
@@ -400,13 +433,15 @@ class CudaBackend final : public Backend {
   }
 
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
+    OpScope prof(this, "hc_post");
     cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_);
   }
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
+    OpScope prof(this, "attn_qkv");
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
-    const int H = c_.n_heads;
+    const int H = heads();  // this rank's query heads (all of them without TP)
     float* tmp = scratch(0, static_cast<size_t>(n) * std::max(ql, D));
     lin(L.wq_a, x, n, tmp);
     cuda::NormRopeArgs a;
@@ -425,6 +460,7 @@ class CudaBackend final : public Backend {
 
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                        SequenceState& sst) override {
+    OpScope prof(this, "compressor");
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
     const bool main = which == CompressorKind::Main;
@@ -452,6 +488,7 @@ class CudaBackend final : public Backend {
 
   void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
                     int32_t* topk) override {
+    OpScope prof(this, "indexer_topk");
     const DevLayer& L = lay(layer);
     const DevLayerState& S = seq(sst, layer);
     const int Hi = c_.index_n_heads, K = c_.index_topk, m = L.ratio;
@@ -475,6 +512,7 @@ class CudaBackend final : public Backend {
 
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
+    OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
     const DevLayerState& S = seq(sst, layer);
     cuda::AttendArgs a;
@@ -483,7 +521,7 @@ class CudaBackend final : public Backend {
       fail("attention: HCA entries missing at position ", pos0 + n - 1);
     if (a.kind == 1 && !topk) fail("attention: CSA layer ", layer, " called without top-k");
     a.q = q, a.kv = kv, a.ring = S.ring, a.comp = S.comp, a.topk = topk, a.sink = L.sink;
-    a.n = n, a.H = c_.n_heads, a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
+    a.n = n, a.H = heads(), a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
     a.D = c_.head_dim, a.pos0 = pos0, a.n_comp = S.n_comp, a.official = official_;
     // Graph mode: scratch and launch shape for the sequence's capacity; the kernels use the step's actual rows.
     a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, dyn_ ? sst.max_context() : pos0 + n, a.ratio);
@@ -494,13 +532,15 @@ class CudaBackend final : public Backend {
   }
 
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
+    OpScope prof(this, "window_store");
     DevLayerState& S = seq(sst, layer);
     cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_, dpos());
   }
 
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
+    OpScope prof(this, "attn_out");
     const DevLayer& L = lay(layer);
-    const int H = c_.n_heads, G = c_.o_groups;
+    const int H = heads(), G = c_.o_groups / tp_;  // TP: this rank's heads in its whole groups
     const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
     float* u = scratch(5, static_cast<size_t>(n) * H * D);
     cuda::NormRopeArgs a;
@@ -515,12 +555,14 @@ class CudaBackend final : public Backend {
     g.round_bf16 = official_;
     cuda::linear(L.wo_a, g, s_);
     lin(L.wo_b, z, n, out);
+    all_reduce(out, static_cast<size_t>(n) * c_.hidden);  // TP: wo_b is row-parallel; the collective ends the op
   }
 
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
+    OpScope prof(this, "moe");
     const DevLayer& L = lay(layer);
     const int E = c_.n_routed_experts, k = c_.n_experts_per_tok;
-    const int64_t d = c_.hidden, I = c_.moe_inter;
+    const int64_t d = c_.hidden, I = c_.moe_inter / tp_;  // TP: every expert split along its intermediate dim
     float* logits = scratch(7, static_cast<size_t>(n) * E);
     plain(L.gate, x, n, logits);
     int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
@@ -566,9 +608,13 @@ class CudaBackend final : public Backend {
       lin(L.sw2, g, n, ys);
     }
     cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+    all_reduce(out, static_cast<size_t>(n) * d);  // TP: partial sums of every expert; the collective ends the op
   }
 
-  void head(const float* X, int n, float* logits) override { final_head(hc_head_, norm_, X, n, logits); }
+  void head(const float* X, int n, float* logits) override {
+    OpScope prof(this, "head");
+    final_head(hc_head_, norm_, X, n, logits);
+  }
 
   // MTP input fusion, as the CPU: e = rms(embed[next], enorm) [bf16] -> e_proj; h_s = rms(X_s, hnorm) [bf16] ->
   // h_proj (all streams as rows); Y_s = h_proj(h_s) + e_proj(e) [bf16].
@@ -595,6 +641,22 @@ class CudaBackend final : public Backend {
   void mtp_head(const float* Y, int n, float* logits) override {
     const DevLayer& M = mtp_layer();
     final_head(M.mtp_hc_head, M.mtp_norm, Y, n, logits);
+  }
+
+  // Per-op GPU milliseconds of the last decode step (profile_ops), summed by op name in first-seen order.
+  std::vector<std::pair<std::string, double>> op_profile() {
+    std::vector<std::pair<std::string, double>> out;
+    if (!last_step_) return out;
+    DSV4_CU(cudaStreamSynchronize(s_));
+    for (size_t i = 0; i < last_step_->prof_n; ++i) {
+      const auto& e = last_step_->prof[i];
+      float ms = 0;
+      DSV4_CU(cudaEventElapsedTime(&ms, e.begin, e.end));
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == e.name; });
+      if (it == out.end()) out.emplace_back(e.name, ms);
+      else it->second += ms;
+    }
+    return out;
   }
 
   // Graph bookkeeping, for tests and benchmarks.
@@ -639,7 +701,53 @@ class CudaBackend final : public Backend {
     a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps, a.official = official_, a.x = h, a.head = true;
     a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
     cuda::hc_pre(a, s_);
-    plain(head_, h, n, logits);
+    if (tp_ == 1) {
+      plain(head_, h, n, logits);
+      return;
+    }
+    // Vocabulary-parallel head: this rank's [n, V/tp] slice, gathered from every rank as [tp][n][V/tp] (gather_logits
+    // interleaves it into [n, V] after the collective has been issued).
+    const int64_t Vl = head_.out;
+    float* part = scratch(28, static_cast<size_t>(n * Vl));
+    plain(head_, h, n, part);
+    gathered_ = scratch(29, static_cast<size_t>(n * Vl * tp_));
+    gathered_n_ = n;
+#if DSV4_HAVE_NCCL
+    nccl(ncclAllGather(part, gathered_, static_cast<size_t>(n * Vl), ncclFloat, comm(), s_), "ncclAllGather");
+#endif
+  }
+
+ public:
+  // TP, after the group holding head()/mtp_head()'s all-gather: logits[n, V] from the gathered [tp][n][V/tp].
+  void gather_logits(float* logits) {
+    if (tp_ == 1 || !gathered_) return;
+    const int64_t Vl = head_.out;
+    for (int r = 0; r < tp_; ++r)
+      DSV4_CU(cudaMemcpy2DAsync(logits + r * Vl, static_cast<size_t>(Vl * tp_) * 4,
+                                gathered_ + static_cast<size_t>(r) * gathered_n_ * Vl, static_cast<size_t>(Vl) * 4,
+                                static_cast<size_t>(Vl) * 4, static_cast<size_t>(gathered_n_), cudaMemcpyDeviceToDevice, s_));
+    gathered_ = nullptr;
+  }
+  int device() const { return opts_.device; }
+
+ private:
+  int heads() const { return c_.n_heads / tp_; }
+#if DSV4_HAVE_NCCL
+  ncclComm_t comm() const { return static_cast<ncclComm_t>(opts_.nccl_comm); }
+  static void nccl(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) fail("NCCL ", what, " failed: ", ncclGetErrorString(r));
+  }
+#endif
+  // TP: sum of every rank's partial result, in place. Issued inside the TP backend's NCCL group, so it must be the
+  // last thing an op enqueues (work after it would run before the deferred collective).
+  void all_reduce(float* buf, size_t count) {
+    if (tp_ == 1) return;
+#if DSV4_HAVE_NCCL
+    nccl(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm(), s_), "ncclAllReduce");
+#else
+    (void)buf, (void)count;
+    fail("this build has no NCCL: tensor parallelism is unavailable");
+#endif
   }
   DevLayerState& seq(SequenceState& sst, int layer) const {
     auto& v = static_cast<CudaSequence&>(sst).layers_;
@@ -699,7 +807,7 @@ class CudaBackend final : public Backend {
       DevLinear w1 = heap_.linear(ew.w1), w2 = heap_.linear(ew.w2), w3 = heap_.linear(ew.w3);
       if (e == 0) {
         L.efmt = w1.fmt, L.esb1 = w1.sb_cols, L.esb2 = w2.sb_cols;
-        if (w1.out != c_.moe_inter || w1.in != c_.hidden || w2.out != c_.hidden || w2.in != c_.moe_inter)
+        if (w1.out != c_.moe_inter / tp_ || w1.in != c_.hidden || w2.out != c_.hidden || w2.in != c_.moe_inter / tp_)
           fail("layer ", lw.index, ": routed expert shapes do not match moe_intermediate_size/hidden");
       }
       if (w1.fmt != L.efmt || w2.fmt != L.efmt || w3.fmt != L.efmt || w1.sb_cols != L.esb1 || w3.sb_cols != L.esb1 ||
@@ -770,7 +878,41 @@ class CudaBackend final : public Backend {
     return b.first;
   }
 
+  // Events around one op of a decode step when profiling (no-op otherwise).
+  struct OpScope {
+    CudaBackend* b;
+    size_t i = SIZE_MAX;
+    OpScope(CudaBackend* be, const char* name) : b(be) {
+      if (!b->profiling_ || !b->step_) return;
+      DecodeGraph& g = *b->step_;
+      if (g.prof_n == g.prof.size()) {
+        DecodeGraph::OpEvents e{name, nullptr, nullptr};
+        DSV4_CU(cudaEventCreate(&e.begin));
+        DSV4_CU(cudaEventCreate(&e.end));
+        g.prof.push_back(e);
+      }
+      i = g.prof_n++;
+      g.prof[i].name = name;
+      b->record(g.prof[i].begin);
+    }
+    ~OpScope() {
+      if (i != SIZE_MAX && b->step_) b->record(b->step_->prof[i].end);
+    }
+  };
+  void record(cudaEvent_t e) {
+    DSV4_CU(capturing_ ? cudaEventRecordWithFlags(e, s_, cudaEventRecordExternal) : cudaEventRecord(e, s_));
+  }
+
   CudaOptions opts_;
+  DecodeGraph* last_step_ = nullptr;  // the step op_profile reads
+  bool profiling_ = false;            // starts as opts_.profile_ops; set_profiling toggles it (new recordings only)
+ public:
+  void set_profiling(bool on) { profiling_ = on; }
+ private:
+  int tp_ = 1, rank_ = 0;
+  uint64_t weight_bytes_ = 0;
+  float* gathered_ = nullptr;  // TP head: the all-gathered logits slices awaiting gather_logits
+  int gathered_n_ = 0;
   ModelConfig c_;
   bool official_ = false;
   cudaStream_t s_ = nullptr;
@@ -794,6 +936,13 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& opts) { return std::make_unique<CudaBackend>(opts); }
+
+namespace cuda_detail {
+std::vector<std::pair<std::string, double>> op_profile(Backend& b) { return dynamic_cast<CudaBackend&>(b).op_profile(); }
+void set_profiling(Backend& b, bool on) { dynamic_cast<CudaBackend&>(b).set_profiling(on); }
+void gather_logits(Backend& rank, float* logits) { dynamic_cast<CudaBackend&>(rank).gather_logits(logits); }
+uint64_t weight_bytes(const Backend& rank) { return dynamic_cast<const CudaBackend&>(rank).weight_bytes(); }
+}  // namespace cuda_detail
 
 CudaGraphStats cuda_graph_stats(const Backend& b) {
   const auto* c = dynamic_cast<const CudaBackend*>(&b);

@@ -1,0 +1,393 @@
+// Tensor parallelism over NCCL (issue 8): one process drives N GPUs of one host. Each rank is an ordinary CUDA backend
+// loaded with its weight shards (model/shard_weights.h) that all-reduces after wo_b and the experts and all-gathers the
+// vocabulary-split logits. This wrapper presents the N ranks as one Backend: every activation buffer exists on every
+// GPU at the same offset of its allocation, so the model's pointers (rank 0's) translate to each rank's; every op is
+// issued to every rank from the calling thread. CUDA launches are asynchronous, so the GPUs run concurrently; the
+// collectives of all ranks are issued inside one NCCL group (required when one thread drives several GPUs), which is
+// why a rank's op ends with its collective. Decode steps are CUDA graphs per rank, captured side by side, collectives
+// included.
+//
+// Why one thread rather than one per GPU: a replayed decode step is one graph launch per GPU, so host issue cost is
+// negligible where latency matters; eager prefill ops are long enough to hide it. Multi-process/multi-host is the same
+// code with the NCCL unique id exchanged out of band (docs/MULTI_GPU.md).
+#include <cuda_runtime.h>
+#if DSV4_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops.h"
+#include "core/error.h"
+#include "model/shard_weights.h"
+#include "model/sharding.h"
+
+namespace dsv4 {
+
+#if DSV4_HAVE_NCCL
+bool tp_available() { return true; }
+
+namespace {
+
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) fail("NCCL ", what, " failed: ", ncclGetErrorString(r));
+}
+
+// Opens an NCCL group for the duration of a scope (the collectives of all ranks are issued together at its end).
+struct NcclGroup {
+  NcclGroup() { nccl_check(ncclGroupStart(), "ncclGroupStart"); }
+  ~NcclGroup() noexcept(false) {
+    const ncclResult_t r = ncclGroupEnd();
+    if (std::uncaught_exceptions() == 0) nccl_check(r, "ncclGroupEnd");  // else an op already failed: keep its error
+  }
+};
+
+class TpSequence final : public SequenceState {
+ public:
+  TpSequence(std::vector<std::unique_ptr<SequenceState>> ranks, std::vector<int> devices)
+      : ranks_(std::move(ranks)), devices_(std::move(devices)) {}
+  int64_t max_context() const override { return ranks_[0]->max_context(); }
+  void reset() override {
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->reset();
+  }
+  bool supports_snapshots() const override { return ranks_[0]->supports_snapshots(); }
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    auto s = std::make_unique<Snapshot>();
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), s->ranks.push_back(ranks_[r]->snapshot());
+    return s;
+  }
+  void restore(const StateSnapshot& base) override {
+    const auto* s = dynamic_cast<const Snapshot*>(&base);
+    if (!s || s->ranks.size() != ranks_.size()) fail("restore: snapshot does not belong to this tensor-parallel sequence");
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->restore(*s->ranks[r]);
+  }
+  SequenceState& rank(size_t r) { return *ranks_[r]; }
+
+ private:
+  struct Snapshot final : StateSnapshot {
+    std::vector<std::unique_ptr<StateSnapshot>> ranks;
+  };
+  void on(size_t r) const { DSV4_CU(cudaSetDevice(devices_[r])); }
+  std::vector<std::unique_ptr<SequenceState>> ranks_;
+  std::vector<int> devices_;
+};
+
+class TpBackend final : public Backend {
+ public:
+  TpBackend(const std::vector<int>& devices, const CudaOptions& opts) : devices_(devices) {
+    const int n = static_cast<int>(devices.size());
+    if (n < 2) fail("tensor parallelism needs at least 2 GPUs (got ", n, ")");
+    int visible = 0;
+    DSV4_CU(cudaGetDeviceCount(&visible));
+    for (int d : devices)
+      if (d < 0 || d >= visible) fail("--tp ", n, " needs ", n, " GPUs; CUDA device ", d, " does not exist (", visible, " visible)");
+    // Single-process bootstrap: one unique id, every rank initialised inside one group. (Multi-process: the id is
+    // written by rank 0 and read by the others before ncclCommInitRank; see docs/MULTI_GPU.md.)
+    ncclUniqueId id;
+    nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    comms_.resize(static_cast<size_t>(n));
+    {
+      NcclGroup g;
+      for (int r = 0; r < n; ++r) {
+        DSV4_CU(cudaSetDevice(devices[static_cast<size_t>(r)]));
+        nccl_check(ncclCommInitRank(&comms_[static_cast<size_t>(r)], n, id, r), "ncclCommInitRank");
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      CudaOptions o = opts;
+      o.device = devices[static_cast<size_t>(r)];
+      o.tp_rank = r, o.tp_size = n, o.nccl_comm = comms_[static_cast<size_t>(r)];
+      ranks_.push_back(make_cuda_backend(o));
+    }
+  }
+  ~TpBackend() override {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      cudaSetDevice(devices_[r]);
+      ranks_[r].reset();
+    }
+    for (auto c : comms_) ncclCommDestroy(c);
+  }
+  const char* name() const override { return "cuda"; }
+  Backend& rank(size_t r) { return *ranks_[r]; }
+  size_t ranks() const { return ranks_.size(); }
+  int device(size_t r) const { return devices_[r]; }
+  // Back-to-back all-reduces of `floats` values on every rank (own buffers and streams), timed as a whole.
+  double allreduce_us(size_t floats, int reps) {
+    const size_t n = ranks_.size();
+    std::vector<float*> buf(n);
+    std::vector<cudaStream_t> st(n);
+    for (size_t r = 0; r < n; ++r) {
+      on(r);
+      DSV4_CU(cudaMalloc(&buf[r], floats * 4));
+      DSV4_CU(cudaMemset(buf[r], 0, floats * 4));
+      DSV4_CU(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+    }
+    auto batch = [&](int count) {
+      for (int i = 0; i < count; ++i) {
+        NcclGroup g;
+        for (size_t r = 0; r < n; ++r) {
+          on(r);
+          nccl_check(ncclAllReduce(buf[r], buf[r], floats, ncclFloat, ncclSum, comms_[r], st[r]), "ncclAllReduce");
+        }
+      }
+      for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamSynchronize(st[r]));
+    };
+    batch(20);  // warm-up
+    std::vector<double> t;
+    for (int k = 0; k < 5; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      batch(reps);
+      t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
+    }
+    for (size_t r = 0; r < n; ++r) on(r), cudaFree(buf[r]), cudaStreamDestroy(st[r]);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  std::vector<uint64_t> weight_bytes() const {
+    std::vector<uint64_t> v;
+    for (const auto& r : ranks_) v.push_back(cuda_detail::weight_bytes(*r));
+    return v;
+  }
+
+  void load(const ModelConfig& c, const ModelWeights& w, Numerics numerics) override {
+    const int tp = static_cast<int>(ranks_.size());
+    check_tp(c, tp);
+    for (int r = 0; r < tp; ++r) {
+      const ModelWeights shard = shard_model_weights(w, c, r, tp);  // gathered column slices live until loaded
+      on(static_cast<size_t>(r));
+      ranks_[static_cast<size_t>(r)]->load(c, shard, numerics);
+    }
+    for (int r = 0; r < tp; ++r) {
+      on(static_cast<size_t>(r));
+      size_t free_b = 0, total_b = 0;
+      DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
+      std::fprintf(stderr, "[dsv4] tp rank %d (cuda:%d): weights %.2f GiB, %.2f GiB of %.2f GiB free after loading\n", r,
+                   devices_[static_cast<size_t>(r)], cuda_detail::weight_bytes(*ranks_[static_cast<size_t>(r)]) / 1073741824.0,
+                   free_b / 1073741824.0, total_b / 1073741824.0);
+    }
+  }
+
+  std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override {
+    std::vector<std::unique_ptr<SequenceState>> v;
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), v.push_back(ranks_[r]->new_sequence(max_context));
+    return std::make_unique<TpSequence>(std::move(v), devices_);
+  }
+
+  // Buffers: one allocation per rank; rank 0's address is the handle the model holds.
+  float* alloc_f32(size_t count) override { return static_cast<float*>(alloc(count * 4, false)); }
+  int32_t* alloc_i32(size_t count) override { return static_cast<int32_t*>(alloc(count * 4, true)); }
+  void upload_i32(int32_t* dst, const int32_t* host, size_t count) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->upload_i32(map(dst, r), host, count);
+  }
+  void download_f32(float* host, const float* src, size_t count) override {
+    on(0);
+    ranks_[0]->download_f32(host, src, count);
+  }
+  void download_i32(int32_t* host, const int32_t* src, size_t count) override {
+    on(0);
+    ranks_[0]->download_i32(host, src, count);
+  }
+  void synchronize() override {
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->synchronize();
+  }
+
+  void embed(const int32_t* ids, int n, float* X) override {
+    each([&](Backend& b, size_t r) { b.embed(map(ids, r), n, map(X, r)); });
+  }
+  void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
+    each([&](Backend& b, size_t r) { b.hc_pre(layer, site, map(X, r), n, map(x, r), map(post, r), map(comb, r)); });
+  }
+  void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
+    each([&](Backend& b, size_t r) { b.hc_post(map(y, r), map(post, r), map(comb, r), n, map(X, r)); });
+  }
+  void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
+    each([&](Backend& b, size_t r) { b.attn_qkv(layer, map(x, r), n, pos0, map(qr, r), map(q, r), map(kv, r)); });
+  }
+  void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0, SequenceState& st) override {
+    each([&](Backend& b, size_t r) { b.compressor_step(layer, which, map(x, r), n, pos0, seq(st, r)); });
+  }
+  void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& st,
+                    int32_t* topk) override {
+    each([&](Backend& b, size_t r) { b.indexer_topk(layer, map(x, r), map(qr, r), n, pos0, seq(st, r), map(topk, r)); });
+  }
+  void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0, SequenceState& st,
+              float* o) override {
+    each([&](Backend& b, size_t r) {
+      b.attend(layer, map(q, r), map(kv, r), map(topk, r), n, pos0, seq(st, r), map(o, r));
+    });
+  }
+  void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& st) override {
+    each([&](Backend& b, size_t r) { b.window_store(layer, map(kv, r), n, pos0, seq(st, r)); });
+  }
+  void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
+    NcclGroup g;  // the ranks' all-reduce of wo_b's partial sums
+    each([&](Backend& b, size_t r) { b.attn_out(layer, map(o, r), n, pos0, map(out, r)); });
+  }
+  void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
+    NcclGroup g;  // the ranks' all-reduce of the experts' partial sums
+    each([&](Backend& b, size_t r) { b.moe(layer, map(x, r), map(ids, r), n, map(out, r)); });
+  }
+  void head(const float* X, int n, float* logits) override {
+    {
+      NcclGroup g;  // all-gather of the vocabulary slices
+      each([&](Backend& b, size_t r) { b.head(map(X, r), n, map(logits, r)); });
+    }
+    each([&](Backend& b, size_t r) { cuda_detail::gather_logits(b, map(logits, r)); });
+  }
+  void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y) override {
+    each([&](Backend& b, size_t r) { b.mtp_input(map(next_ids, r), map(X, r), n, map(Y, r)); });
+  }
+  void mtp_head(const float* Y, int n, float* logits) override {
+    {
+      NcclGroup g;
+      each([&](Backend& b, size_t r) { b.mtp_head(map(Y, r), n, map(logits, r)); });
+    }
+    each([&](Backend& b, size_t r) { cuda_detail::gather_logits(b, map(logits, r)); });
+  }
+
+  // Every rank records/replays its own graph of the step; they must agree on the mode (same history, same keys).
+  StepMode begin_decode_step(const void* buffers, SequenceState& st, int64_t pos, bool head) override {
+    StepMode mode = StepMode::Eager;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      on(r);
+      const StepMode m = ranks_[r]->begin_decode_step(buffers, seq(st, r), pos, head);
+      if (r == 0) mode = m;
+      else if (m != mode) {
+        for (size_t q = 0; q <= r; ++q) on(q), ranks_[q]->end_decode_step(false);
+        fail("tensor-parallel ranks disagree on the decode-step mode (rank ", r, ")");
+      }
+    }
+    return mode;
+  }
+  void end_decode_step(bool completed) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->end_decode_step(completed);
+  }
+
+ private:
+  struct Alloc {
+    size_t bytes;
+    std::vector<char*> base;  // per rank
+  };
+  void on(size_t r) const { DSV4_CU(cudaSetDevice(devices_[r])); }
+  template <typename F>
+  void each(F&& f) {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      on(r);
+      f(*ranks_[r], r);
+    }
+  }
+  static SequenceState& seq(SequenceState& st, size_t r) {
+    auto* t = dynamic_cast<TpSequence*>(&st);
+    if (!t) fail("tensor-parallel backend: sequence state from another backend");
+    return t->rank(r);
+  }
+  void* alloc(size_t bytes, bool ints) {
+    Alloc a{bytes, {}};
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      on(r);
+      a.base.push_back(ints ? reinterpret_cast<char*>(ranks_[r]->alloc_i32(bytes / 4))
+                            : reinterpret_cast<char*>(ranks_[r]->alloc_f32(bytes / 4)));
+    }
+    char* h = a.base[0];
+    allocs_.emplace(reinterpret_cast<uintptr_t>(h), std::move(a));
+    return h;
+  }
+  // Rank r's address of a (possibly offset) rank-0 address handed out by alloc_*.
+  template <typename T>
+  T* map(T* p, size_t r) const {
+    if (!p || r == 0) return p;
+    const auto u = reinterpret_cast<uintptr_t>(p);
+    auto it = allocs_.upper_bound(u);
+    if (it == allocs_.begin()) fail("tensor-parallel backend: a buffer that it did not allocate");
+    --it;
+    if (u >= it->first + it->second.bytes)
+      fail("tensor-parallel backend: a buffer that it did not allocate");
+    return reinterpret_cast<T*>(it->second.base[r] + (u - it->first));
+  }
+
+  std::vector<int> devices_;
+  std::vector<ncclComm_t> comms_;
+  std::vector<std::unique_ptr<Backend>> ranks_;
+  std::map<uintptr_t, Alloc> allocs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_tp_backend(const std::vector<int>& devices, const CudaOptions& opts) {
+  return std::make_unique<TpBackend>(devices, opts);
+}
+
+std::vector<std::pair<std::string, double>> cuda_op_profile(Backend& b) {
+  if (auto* t = dynamic_cast<TpBackend*>(&b)) {
+    DSV4_CU(cudaSetDevice(t->device(0)));
+    return cuda_detail::op_profile(t->rank(0));
+  }
+  return cuda_detail::op_profile(b);
+}
+
+void cuda_set_op_profiling(Backend& b, bool on) {
+  if (auto* t = dynamic_cast<TpBackend*>(&b)) {
+    for (size_t r = 0; r < t->ranks(); ++r) cuda_detail::set_profiling(t->rank(r), on);
+    return;
+  }
+  cuda_detail::set_profiling(b, on);
+}
+
+double cuda_allreduce_us(Backend& b, size_t floats, int reps) {
+  auto* t = dynamic_cast<TpBackend*>(&b);
+  return t ? t->allreduce_us(floats, reps) : 0.0;
+}
+
+std::vector<uint64_t> cuda_weight_bytes(const Backend& b) {
+  if (const auto* t = dynamic_cast<const TpBackend*>(&b)) return t->weight_bytes();
+  return {cuda_detail::weight_bytes(b)};
+}
+
+#else  // no NCCL in this build
+
+bool tp_available() { return false; }
+std::unique_ptr<Backend> make_tp_backend(const std::vector<int>&, const CudaOptions&) {
+  fail("this dsv4 build has no NCCL: tensor parallelism (--tp > 1) is unavailable; rebuild with NCCL installed");
+}
+
+std::vector<uint64_t> cuda_weight_bytes(const Backend& b) { return {cuda_detail::weight_bytes(b)}; }
+std::vector<std::pair<std::string, double>> cuda_op_profile(Backend& b) { return cuda_detail::op_profile(b); }
+void cuda_set_op_profiling(Backend& b, bool on) { cuda_detail::set_profiling(b, on); }
+double cuda_allreduce_us(Backend&, size_t, int) { return 0.0; }
+
+#endif
+
+}  // namespace dsv4
+
+namespace dsv4 {
+double cuda_read_bandwidth(int device, size_t bytes) {
+  DSV4_CU(cudaSetDevice(device));
+  void* p = nullptr;
+  float* sink = nullptr;
+  DSV4_CU(cudaMalloc(&p, bytes));
+  DSV4_CU(cudaMalloc(&sink, 4));
+  DSV4_CU(cudaMemset(p, 0, bytes));
+  cudaEvent_t a, b;
+  DSV4_CU(cudaEventCreate(&a));
+  DSV4_CU(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    DSV4_CU(cudaEventRecord(a));
+    cuda::stream_read(p, bytes, sink, nullptr);
+    DSV4_CU(cudaEventRecord(b));
+    DSV4_CU(cudaEventSynchronize(b));
+    float ms = 0;
+    DSV4_CU(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 3) t.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(b), cudaFree(p), cudaFree(sink);
+  std::sort(t.begin(), t.end());
+  return static_cast<double>(bytes) / t[t.size() / 2];
+}
+}  // namespace dsv4

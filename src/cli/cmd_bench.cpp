@@ -1,0 +1,242 @@
+// dsv4 bench --synthetic flash|pro: the whole model forward on synthetic full-size weights (real shapes and stored
+// formats, random values; model/synthetic_weights.h) on the GPU(s), in one run: streaming-read bandwidth, prefill
+// tokens/s of a P-token prompt, batch-1 decode step time at context C (median of graph replays) with the bytes the step
+// reads and the resulting fraction of the bandwidth bound, and the decode time split by op. Table + JSON.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/parse_args.h"
+#include "core/error.h"
+
+#if defined(DSV4_HAVE_CUDA)
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <random>
+
+#include "backend/cuda/cuda_backend.h"
+#include "model/model.h"
+#include "model/shard_weights.h"
+#include "model/synthetic_weights.h"
+
+namespace {
+
+using dsv4::fail;
+using Clock = std::chrono::steady_clock;
+
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Bytes a linear occupies on the device: stored weight + fp32-widened block scales (what the kernels stream).
+uint64_t device_bytes(const dsv4::LinearRef& r) {
+  if (!r.weight) return 0;
+  uint64_t b = r.weight->nbytes();
+  if (r.scale) b += static_cast<uint64_t>(r.scale->numel()) * 4;
+  return b;
+}
+uint64_t f32_bytes(const dsv4::TensorView* t) { return t ? static_cast<uint64_t>(t->numel()) * 4 : 0; }
+
+struct StepBytes {
+  uint64_t weights = 0, kv = 0;
+};
+
+// What one decode token reads in layer l on one rank at position pos: every attention/compressor/indexer matrix, the
+// router, k routed experts (mean size) and the shared expert, the mHC mixes; the KV rows attention and the indexer
+// touch in our fp32 layout (window, CSA top-k or HCA entries, all indexer keys).
+StepBytes layer_bytes(const dsv4::ModelConfig& c, const dsv4::LayerWeights& L, int64_t pos) {
+  StepBytes s;
+  for (const dsv4::LinearRef* r : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.gate}) s.weights += device_bytes(*r);
+  if (L.compressor) s.weights += device_bytes(L.compressor->wkv) + device_bytes(L.compressor->wgate);
+  if (L.indexer)
+    for (const dsv4::LinearRef* r : {&L.indexer->wq_b, &L.indexer->weights_proj, &L.indexer->comp.wkv, &L.indexer->comp.wgate})
+      s.weights += device_bytes(*r);
+  uint64_t experts = 0;
+  for (const auto& e : L.experts) experts += device_bytes(e.w1) + device_bytes(e.w2) + device_bytes(e.w3);
+  if (!L.experts.empty()) s.weights += experts / L.experts.size() * static_cast<uint64_t>(c.n_experts_per_tok);
+  if (L.shared) s.weights += device_bytes(L.shared->w1) + device_bytes(L.shared->w2) + device_bytes(L.shared->w3);
+  s.weights += f32_bytes(L.hc_attn.fn) + f32_bytes(L.hc_ffn.fn);
+  const uint64_t row = static_cast<uint64_t>(c.head_dim) * 4;
+  const int64_t ctx = pos + 1;
+  s.kv += static_cast<uint64_t>(std::min<int64_t>(ctx, c.window)) * row;
+  const int m = c.ratio(L.index);
+  if (L.kind == dsv4::AttnKind::CSA) {
+    s.kv += static_cast<uint64_t>(std::min<int64_t>(ctx / m, c.index_topk)) * row;
+    s.kv += static_cast<uint64_t>(ctx / m) * static_cast<uint64_t>(c.index_head_dim) * 4;
+  } else if (L.kind == dsv4::AttnKind::HCA) {
+    s.kv += static_cast<uint64_t>(ctx / m) * row;
+  }
+  return s;
+}
+
+int cmd_bench(const std::vector<std::string>& args) {
+  CLI::App app{"Benchmark the whole forward on synthetic full-size weights (real shapes and formats) on the GPU(s)",
+               "dsv4 bench"};
+  std::string which, format = "instruct", json_path;
+  int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30;
+  int64_t context = 8192, prompt = -1;
+  app.add_option("--synthetic", which, "flash|pro: random weights with the release's shapes and formats")
+      ->required()->check(CLI::IsMember({"flash", "pro"}));
+  app.add_option("--layers", layers, "main layers to build (default: all; Flash at full depth needs --tp 2)");
+  app.add_option("--context", context, "decode at this context length")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--batch", batch, "decode batch (sequences per step)")->check(CLI::Range(1, 256));
+  app.add_option("--prompt", prompt, "prefill a prompt of this many tokens, timed (default: the context)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--tp", tp, "tensor-parallel GPUs (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
+  app.add_option("--chunk", chunk, "prefill chunk (tokens per forward)")->check(CLI::Range(1, 65536));
+  app.add_option("--steps", steps, "timed decode steps (graph replays; median reported)")->check(CLI::Range(20, 100000));
+  app.add_option("--format", format, "instruct (FP8 + MXFP4 experts) | base (FP8 everywhere) | nvfp4")
+      ->check(CLI::IsMember({"instruct", "base", "nvfp4"}));
+  app.add_option("--json", json_path, "also write the results as JSON to this file");
+  if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
+  if (batch != 1)
+    fail("--batch ", batch, ": the CUDA backend decodes one sequence per step so far; batched decode is not implemented "
+         "on the GPU yet (measure with --batch 1)");
+  if (prompt < 0) prompt = context;
+  if (prompt > context) fail("--prompt (", prompt, ") must not exceed --context (", context, ")");
+  const dsv4::ModelConfig full = which == "flash" ? dsv4::flash_config() : dsv4::pro_config();
+  if (layers == 0) layers = full.n_layers;
+
+  // Device bandwidth first (nothing else allocated yet).
+  const double bw = dsv4::cuda_read_bandwidth(0, size_t(4) << 30);
+  std::fprintf(stderr, "[bench] streaming read on cuda:0: %.0f GB/s\n", bw / 1e9);
+
+  auto t0 = Clock::now();
+  dsv4::SyntheticCheckpoint syn = dsv4::make_synthetic_checkpoint(which, layers, format);
+  const dsv4::ModelConfig cfg = syn.cfg;
+  dsv4::CudaOptions opts;
+  std::unique_ptr<dsv4::Backend> backend;
+  if (tp == 1) backend = dsv4::make_cuda_backend(opts);
+  else {
+    std::vector<int> devs;
+    for (int i = 0; i < tp; ++i) devs.push_back(i);
+    backend = dsv4::make_tp_backend(devs, opts);
+  }
+  dsv4::Backend* be = backend.get();
+  dsv4::Model model(cfg, std::move(syn.ckpt), std::move(backend), dsv4::Numerics::Official);
+  const double load_s = secs(t0, Clock::now());
+  const std::vector<uint64_t> wbytes = dsv4::cuda_weight_bytes(*be);
+  std::fprintf(stderr, "[bench] built and loaded %d %s layers (%s) on %d GPU(s) in %.1f s; weights on cuda:0 %.2f GiB\n",
+               layers, which.c_str(), format.c_str(), tp, load_s, wbytes[0] / 1073741824.0);
+
+  // Random prompt tokens (a fixed seed: runs are comparable).
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(static_cast<size_t>(context) + 2 * static_cast<size_t>(steps) + 16);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 128000u + 100u);
+  auto st = be->new_sequence(context + 2 * steps + 16);
+
+  // Prefill: the first `prompt` tokens timed, the rest up to the context untimed.
+  dsv4::Forward pre(model, chunk);
+  std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
+  auto run_prefill = [&](int64_t from, int64_t to) {
+    for (int64_t p = from; p < to; p += chunk) {
+      const int n = static_cast<int>(std::min<int64_t>(chunk, to - p));
+      pre.forward(*st, ids.data() + p, n, p, p + n == to ? logits.data() : nullptr, true);
+    }
+    be->synchronize();
+  };
+  t0 = Clock::now();
+  run_prefill(0, prompt);
+  const double prefill_s = secs(t0, Clock::now());
+  run_prefill(prompt, context);
+
+  // Decode: single-token steps at positions context, context+1, ...; the first two (eager, then recorded) untimed.
+  dsv4::Forward dec(model, 1), dec_head(model, 1), dec_prof(model, 1);
+  int64_t pos = context;
+  std::vector<double> t_layers, t_full;
+  auto step = [&](dsv4::Forward& f, bool head) {
+    const auto a = Clock::now();
+    f.forward(*st, &ids[static_cast<size_t>(pos)], 1, pos, head ? logits.data() : nullptr);
+    if (!head) be->synchronize();
+    ++pos;
+    return secs(a, Clock::now()) * 1e6;
+  };
+  // Each Forward has its own recording; the sequence advances one token per step either way.
+  for (int i = 0; i < 2; ++i) step(dec, false), step(dec_head, true);
+  for (int i = 0; i < steps; ++i) t_layers.push_back(step(dec, false));
+  for (int i = 0; i < steps; ++i) t_full.push_back(step(dec_head, true));
+  dsv4::cuda_set_op_profiling(*be, true);
+  for (int i = 0; i < 3; ++i) step(dec_prof, false);
+  const auto prof = dsv4::cuda_op_profile(*be);
+  dsv4::cuda_set_op_profiling(*be, false);
+  const double allreduce_us = tp > 1 ? dsv4::cuda_allreduce_us(*be, static_cast<size_t>(cfg.hidden)) : 0.0;
+
+  // Bytes per decode token on rank 0 (its shards), at the middle of the timed steps.
+  const dsv4::ModelWeights w0 = dsv4::shard_model_weights(model.weights(), cfg, 0, tp);
+  StepBytes total;
+  for (const auto& L : w0.layers) {
+    const StepBytes b = layer_bytes(cfg, L, context + steps);
+    total.weights += b.weights;
+    total.kv += b.kv;
+  }
+  const uint64_t head_bytes = device_bytes(w0.head);
+  const double step_us = median(t_layers), full_us = median(t_full);
+  const int collectives = 2 * layers;
+  const double bound_us = (total.weights + total.kv) / bw * 1e6 + allreduce_us * collectives;
+  const double per_layer_us = step_us / layers, per_layer_bound = bound_us / layers;
+  const double head_us = full_us - step_us;
+  const double prefill_tps = prompt / prefill_s;
+  // Extrapolation to the full depth: layer time scales with the layer count; head and embedding once.
+  const double full_depth_step_us = per_layer_us * full.n_layers + head_us;
+  const double prefill_tps_full = prefill_tps * layers / full.n_layers;
+
+  std::printf("dsv4 bench --synthetic %s --layers %d --context %lld --prompt %lld --tp %d (%s, official numerics)\n",
+              which.c_str(), layers, (long long)context, (long long)prompt, tp, format.c_str());
+  std::printf("  streaming-read bandwidth     %8.0f GB/s (cuda:0)\n", bw / 1e9);
+  if (tp > 1) std::printf("  ncclAllReduce %lld B        %8.1f us (back to back, %d per step)\n", (long long)cfg.hidden * 4, allreduce_us, collectives);
+  std::printf("  decode step, %d layers, no head  %8.1f us  (median of %d graph replays)\n", layers, step_us, steps);
+  std::printf("    bytes per step per GPU     %8.1f MB weights + %.1f MB KV (fp32 KV layout)\n", total.weights / 1e6, total.kv / 1e6);
+  std::printf("    bound                      %8.1f us  -> %.2fx the bound (%.0f%% of bandwidth)\n", bound_us,
+              step_us / bound_us, 100.0 * bound_us / step_us);
+  std::printf("    per layer                  %8.1f us  (bound %.1f us)\n", per_layer_us, per_layer_bound);
+  std::printf("  decode step with LM head     %8.1f us  (head + logits copy %.1f us; head %.0f MB)\n", full_us, head_us, head_bytes / 1e6);
+  std::printf("  -> %d layers: %.1f tok/s; extrapolated to %d layers: %.1f tok/s\n", layers, 1e6 / full_us, full.n_layers,
+              1e6 / full_depth_step_us);
+  std::printf("  prefill %lld tokens (chunk %d) %8.2f s = %.0f tok/s; extrapolated to %d layers: %.0f tok/s\n",
+              (long long)prompt, chunk, prefill_s, prefill_tps, full.n_layers, prefill_tps_full);
+  std::printf("  decode time by op (rank 0, one step, events in the graph%s):\n",
+              tp > 1 ? "; an op's all-reduce runs at its NCCL group end and is counted in the next op" : "");
+  double prof_total = 0;
+  for (const auto& [n, ms] : prof) prof_total += ms;
+  for (const auto& [n, ms] : prof)
+    std::printf("    %-14s %8.1f us  %5.1f%%\n", n.c_str(), ms * 1e3, 100.0 * ms / std::max(prof_total, 1e-12));
+
+  nlohmann::json j = {{"model", which}, {"format", format}, {"layers", layers}, {"tp", tp}, {"context", context},
+                      {"prompt", prompt}, {"chunk", chunk}, {"bandwidth_gbs", bw / 1e9},
+                      {"allreduce_us", allreduce_us}, {"decode_step_us", step_us}, {"decode_step_with_head_us", full_us},
+                      {"decode_bound_us", bound_us}, {"decode_fraction_of_bound", bound_us / step_us},
+                      {"per_layer_us", per_layer_us}, {"per_layer_bound_us", per_layer_bound},
+                      {"weight_bytes_per_step", total.weights}, {"kv_bytes_per_step", total.kv},
+                      {"decode_tok_s", 1e6 / full_us}, {"decode_tok_s_full_depth", 1e6 / full_depth_step_us},
+                      {"prefill_s", prefill_s}, {"prefill_tok_s", prefill_tps}, {"prefill_tok_s_full_depth", prefill_tps_full},
+                      {"load_s", load_s}};
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [n, ms] : prof) ops[n] = ms * 1e3;
+  j["decode_op_us"] = ops;
+  std::printf("%s\n", j.dump().c_str());
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << j.dump(2) << "\n";
+    if (!f) fail(json_path, ": write failed");
+  }
+  return 0;
+}
+
+}  // namespace
+#else
+namespace {
+int cmd_bench(const std::vector<std::string>&) {
+  dsv4::fail("dsv4 bench needs the CUDA backend, which this build does not have (dsv4 --version)");
+}
+}  // namespace
+#endif
+
+DSV4_REGISTER_COMMAND("bench", "whole-model benchmark on synthetic full-size weights (GPU)", cmd_bench);

@@ -1,0 +1,139 @@
+// Tensor parallelism (issue 8) on the 2-GPU machine: TP2 vs TP1 (whole forward) on TP-ready tiny models in every stored
+// format and both layer schedules, in reference and official numerics; TP2 single-token decode (CUDA graphs,
+// collectives captured) and chunked prefill vs TP2 whole prefill of the same tokens.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "../model/fixture_util.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "model/tiny_model.h"
+
+namespace dsv4::test {
+namespace tp_tests {
+
+int gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+double top1_agreement(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
+  const size_t T = a.size() / V;
+  size_t same = 0;
+  for (size_t t = 0; t < T; ++t) {
+    auto am = std::max_element(a.begin() + t * V, a.begin() + (t + 1) * V) - (a.begin() + t * V);
+    auto bm = std::max_element(b.begin() + t * V, b.begin() + (t + 1) * V) - (b.begin() + t * V);
+    same += am == bm;
+  }
+  return static_cast<double>(same) / static_cast<double>(T);
+}
+
+// Token-by-token decode (graph replays after the first two steps) of all ids.
+std::vector<float> decode_logits(Model& m, const std::vector<int32_t>& ids) {
+  Forward fwd(m, 1);
+  auto st = m.backend().new_sequence(static_cast<int64_t>(ids.size()));
+  const size_t V = static_cast<size_t>(m.config().vocab_size);
+  std::vector<float> out(ids.size() * V);
+  for (size_t t = 0; t < ids.size(); ++t) fwd.forward(*st, &ids[t], 1, static_cast<int64_t>(t), out.data() + t * V);
+  return out;
+}
+
+struct Case {
+  const char* format;
+  const char* schedule;
+};
+
+class TpTiny : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
+  if (gpus() < 2) {
+    if (std::getenv("DSV4_REQUIRE_TP")) FAIL() << "DSV4_REQUIRE_TP is set but only " << gpus() << " GPU(s) are visible";
+    GTEST_SKIP() << "needs 2 GPUs (" << gpus() << " visible); tools/gpu/check.sh runs it on nvidia-h200-x2";
+  }
+  const Case c = GetParam();
+  const std::string dir = std::string(DSV4_BINARY_DIR) + "/tp_tiny_" + c.format + "_" + c.schedule + "_" + std::to_string(::getpid());
+  TinySpec sp;
+  sp.format = c.format;
+  sp.schedule = c.schedule;
+  sp.layers = 6;
+  sp.seed = 5;
+  sp.tp_ready = true;
+  write_tiny_model(dir, sp);
+  std::vector<int32_t> ids;
+  uint64_t x = 12345;
+  for (int i = 0; i < 150; ++i) {  // crosses ratio-4/16 boundaries and the 16-token window many times
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    ids.push_back(static_cast<int32_t>((x >> 33) % 129000));
+  }
+  const size_t V = 129280;
+  // Reference numerics (fp32 everywhere): TP only changes fp32 summation order, so TP2 must equal TP1 to ~1e-6.
+  // Official numerics: activations are quantized to FP8 and outputs rounded to BF16, and on these tiny random models
+  // a last-bit difference flips FP8 roundings that later layers amplify (two valid implementations, the CPU reference
+  // and the CUDA backend, differ by rel L2 0.03-0.12 here). TP rounds each rank's wo_b / expert partial sums to BF16
+  // before the all-reduce (as DeepSeek's own row-parallel linears do), so TP2 vs TP1 is held to that noise floor:
+  // no worse than max(2e-2, 2x) the CPU-vs-CUDA distance of the same model, top-1 within 5 points of it.
+  for (Numerics nm : {Numerics::Reference, Numerics::Official}) {
+    std::vector<float> one, two, two_chunked, two_decode, cpu;
+    {
+      Model m1(dir, make_cuda_backend(), nm);
+      one = run_logits(m1, ids, 0);
+    }
+    {
+      Model m2(dir, make_tp_backend({0, 1}), nm);
+      two = run_logits(m2, ids, 0);
+      two_chunked = run_logits(m2, ids, 37);
+      two_decode = decode_logits(m2, ids);
+    }
+    double floor_err = 0, floor_top1 = 1;
+    if (nm == Numerics::Official) {
+      Model mc(dir, make_cpu_backend(), nm);
+      cpu = run_logits(mc, ids, 0);
+      floor_err = rel_l2(one, cpu);
+      floor_top1 = top1_agreement(one, cpu, V);
+    }
+    const double agree = top1_agreement(two, one, V), err = rel_l2(two, one);
+    const double agree_dec = top1_agreement(two_decode, two, V), err_dec = rel_l2(two_decode, two);
+    const double err_chunk = rel_l2(two_chunked, two);
+    std::printf("[tp] %s/%s %-9s TP2 vs TP1 top-1 %.4f rel L2 %.3e | TP2 decode vs prefill top-1 %.4f rel L2 %.3e | "
+                "chunk 37 rel L2 %.3e | TP1 CUDA vs CPU top-1 %.4f rel L2 %.3e\n",
+                c.format, c.schedule, numerics_name(nm), agree, err, agree_dec, err_dec, err_chunk, floor_top1, floor_err);
+    if (nm == Numerics::Reference) {
+      EXPECT_EQ(agree, 1.0);
+      EXPECT_LE(err, 1e-5);
+      EXPECT_EQ(agree_dec, 1.0);
+      EXPECT_LE(err_dec, 1e-5);
+      EXPECT_LE(err_chunk, 1e-5);
+    } else {
+      EXPECT_LE(err, std::max(2e-2, 2 * floor_err));
+      EXPECT_GE(agree, std::min(0.995, floor_top1 - 0.05));
+      EXPECT_LE(err_dec, std::max(2e-2, 2 * floor_err));
+      EXPECT_LE(err_chunk, std::max(2e-2, 2 * floor_err));
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, TpTiny,
+                         ::testing::Values(Case{"fp8", "flash"}, Case{"nvfp4", "flash"}, Case{"base", "pro"},
+                                           Case{"bf16", "pro"}),
+                         [](const auto& i) { return std::string(i.param.format) + "_" + i.param.schedule; });
+
+}  // namespace tp_tests
+}  // namespace dsv4::test

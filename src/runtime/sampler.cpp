@@ -1,4 +1,4 @@
-// Sampling: penalties -> temperature -> top-k -> top-p -> min-p -> draw. Greedy (temperature 0) takes the argmax
+// Sampling: penalties -> temperature -> top-k -> top-p -> min-p -> draw (in token order when nothing truncates). Greedy (temperature 0) takes the argmax
 // of the penalised logits with the lowest id winning ties, so it is deterministic.
 #include <algorithm>
 #include <cmath>
@@ -45,6 +45,28 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
   int32_t chosen;
   if (p_.temperature == 0.0f) {
     chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  } else if ((p_.top_k == 0 || p_.top_k >= V) && p_.top_p >= 1.0f && p_.min_p == 0.0f) {
+    // No truncation: the whole distribution in token order, O(V) (sorting a 129k vocabulary per token would cost
+    // more than a decode step of a small model).
+    probs_.resize(static_cast<size_t>(V));
+    double total = 0;
+    int32_t last = 0;  // the last token with a non-zero probability (where rounding may leave the draw)
+    for (int32_t i = 0; i < V; ++i) {
+      const double e = std::exp(static_cast<double>(work_[static_cast<size_t>(i)] - mx) / p_.temperature);
+      probs_[static_cast<size_t>(i)] = e;
+      total += e;
+      if (e > 0) last = i;
+    }
+    double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+    chosen = last;
+    for (int32_t i = 0; i < last; ++i) {
+      const double e = probs_[static_cast<size_t>(i)];
+      if (e > 0 && r < e) {
+        chosen = i;
+        break;
+      }
+      r -= e;
+    }
   } else {
     order_.resize(static_cast<size_t>(V));
     std::iota(order_.begin(), order_.end(), 0);
@@ -56,7 +78,8 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
     if (p_.top_k > 0 && p_.top_k < V) keep = static_cast<size_t>(p_.top_k);
     // Sort enough candidates (all of them when top-p/min-p need the full ordered mass).
     std::partial_sort(order_.begin(), order_.begin() + static_cast<long>(keep), order_.end(), by_logit);
-    std::vector<double> probs(keep);
+    std::vector<double>& probs = probs_;
+    probs.resize(keep);
     const float top = work_[static_cast<size_t>(order_[0])];
     double sum = 0;
     for (size_t i = 0; i < keep; ++i) {

@@ -33,6 +33,30 @@ TEST(Sampler, SameSeedSameTokensDifferentSeedsDiffer) {
   EXPECT_NE(draw(7), draw(8));
 }
 
+// Both draw paths (whole distribution in token order; sorted and truncated) follow the tempered softmax.
+TEST(Sampler, DrawFrequenciesFollowTheDistribution) {
+  const std::vector<float> l = {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f), -200.0f};
+  for (int top_k : {0, 4}) {
+    SamplingParams p;
+    p.seed = 3;
+    p.top_k = top_k;  // 4: the sorted path (token 4 is cut, and has ~0 mass anyway)
+    Sampler s(p);
+    std::vector<int> seen(5, 0);
+    const int N = 40000;
+    for (int i = 0; i < N; ++i) seen[static_cast<size_t>(s.sample(l, {}).token)]++;
+    for (int t = 0; t < 4; ++t) EXPECT_NEAR(seen[static_cast<size_t>(t)] / double(N), 0.1 * (t + 1), 0.01) << "top_k " << top_k;
+    EXPECT_EQ(seen[4], 0);
+  }
+  // Temperature sharpens: at T = 0.5 the probabilities go as p^2 (1, 4, 9, 16) / 30.
+  SamplingParams p;
+  p.temperature = 0.5f;
+  Sampler s(p);
+  std::vector<int> seen(5, 0);
+  for (int i = 0; i < 40000; ++i) seen[static_cast<size_t>(s.sample(l, {}).token)]++;
+  EXPECT_NEAR(seen[3] / 40000.0, 16.0 / 30.0, 0.01);
+  EXPECT_NEAR(seen[0] / 40000.0, 1.0 / 30.0, 0.005);
+}
+
 TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
   std::vector<float> l{1.0f, 3.0f, 2.9f, 0.0f};
   for (int i = 0; i < 20; ++i) {

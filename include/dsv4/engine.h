@@ -17,6 +17,7 @@ struct EngineOptions {
   std::string model_dir;
   std::string backend = "cpu";          // cpu | cuda
   std::string numerics = "reference";   // reference | official
+  int tp = 1;                           // cuda: tensor-parallel GPUs 0..tp-1 (1, 2, 4, 8)
   int64_t max_context = 4096;           // per-session state is sized from this up front
   int prefill_chunk = 256;              // tokens per prefill forward
 };

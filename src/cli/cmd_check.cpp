@@ -20,9 +20,9 @@ struct Capture {
   std::vector<float> logits;
 };
 
-Capture run(const std::string& dir, const std::string& backend, const std::string& numerics,
+Capture run(const std::string& dir, const std::string& backend, int tp, const std::string& numerics,
             const std::vector<int32_t>& ids) {
-  dsv4::Model m(dir, dsv4::make_backend(backend), dsv4::parse_numerics(numerics));
+  dsv4::Model m(dir, dsv4::make_backend(backend, tp), dsv4::parse_numerics(numerics));
   const auto& c = m.config();
   const int n = static_cast<int>(ids.size());
   dsv4::Forward fwd(m, n);
@@ -41,7 +41,7 @@ Capture run(const std::string& dir, const std::string& backend, const std::strin
 int cmd_check(const std::vector<std::string>& args) {
   CLI::App app{"Compare two backends layer by layer on the same tokens (cosine, relative error, top-1)", "dsv4 check"};
   std::string model, ids_path, a = "cpu", b = "cuda", numerics = "official", b_numerics;
-  int layers = 0, tokens = 64;
+  int layers = 0, tokens = 64, a_tp = 1, b_tp = 1;
   double min_cos = 0.999;
   app.add_option("--model", model, "model directory")->required();
   app.add_option("--layers", layers, "report only the first N layers (0 = all)")->check(CLI::NonNegativeNumber);
@@ -49,6 +49,8 @@ int cmd_check(const std::vector<std::string>& args) {
   app.add_option("--tokens", tokens, "length of the default sequence")->check(CLI::Range(2, 65536));
   app.add_option("--a", a, "reference backend (cpu|cuda)")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--b", b, "backend under test (cpu|cuda)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--a-tp", a_tp, "tensor-parallel GPUs of side a (cuda)")->check(CLI::IsMember({1, 2, 4, 8}));
+  app.add_option("--b-tp", b_tp, "tensor-parallel GPUs of side b (cuda), e.g. --a cuda --b cuda --b-tp 2")->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--numerics", numerics, "reference|official (both sides)")->check(CLI::IsMember({"reference", "official"}));
   app.add_option("--b-numerics", b_numerics, "numerics of side b if different")->check(CLI::IsMember({"reference", "official"}));
   app.add_option("--min-cosine", min_cos, "exit 1 if any sub-layer falls below this cosine");
@@ -72,7 +74,7 @@ int cmd_check(const std::vector<std::string>& args) {
       ids.push_back(static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(cfg.vocab_size)));
     }
   }
-  Capture A = run(model, a, numerics, ids), B = run(model, b, b_numerics, ids);
+  Capture A = run(model, a, a_tp, numerics, ids), B = run(model, b, b_tp, b_numerics, ids);
   std::printf("%s (%s) vs %s (%s), %zu tokens\n%-7s %-5s %10s %12s\n", a.c_str(), numerics.c_str(), b.c_str(),
               b_numerics.c_str(), ids.size(), "layer", "site", "cosine", "rel err");
   double worst = 1.0;

@@ -26,16 +26,17 @@ std::vector<int32_t> read_ids(const std::string& path) {
 int cmd_logits(const std::vector<std::string>& args) {
   CLI::App app{"Write logits[T, vocab] (float32 LE) for the int32 LE token ids in IDS_FILE", "dsv4 logits"};
   std::string model, ids_path, out_path, backend = "cpu", numerics = "reference";
-  int chunk = 0;
+  int chunk = 0, tp = 1;
   app.add_option("--model", model, "model directory")->required();
   app.add_option("--ids", ids_path, "int32 little-endian token ids")->required();
   app.add_option("--out", out_path, "output float32 little-endian logits [T, vocab]")->required();
   app.add_option("--chunk", chunk, "prefill chunk size (1 = pure decode); default: whole sequence")->check(CLI::PositiveNumber);
   app.add_option("--backend", backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
+  app.add_option("--tp", tp, "tensor-parallel GPUs for --backend cuda (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   std::vector<int32_t> ids = read_ids(ids_path);
-  dsv4::Model m(model, dsv4::make_backend(backend), dsv4::parse_numerics(numerics));
+  dsv4::Model m(model, dsv4::make_backend(backend, tp), dsv4::parse_numerics(numerics));
   const auto& cfg = m.config();
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= cfg.vocab_size)

@@ -19,6 +19,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   CLI::App app{"OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics)", "dsv4 serve"};
   std::string model, backend = "cpu", numerics = "reference";
   int64_t max_context = 4096;
+  int tp = 1;
   dsv4::server::SchedulerOptions so;
   dsv4::server::ServerOptions ho;
   app.add_option("--model", model, "model directory (config.json, safetensors, tokenizer.json)")->required();
@@ -26,6 +27,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   app.add_option("--port", ho.port, "TCP port (0 = any free port, printed on start)")->check(CLI::Range(0, 65535));
   app.add_option("--backend", backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
+  app.add_option("--tp", tp, "tensor-parallel GPUs for --backend cuda (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--max-context", max_context, "tokens of state per slot (sized up front)")->check(CLI::PositiveNumber);
   app.add_option("--max-batch", so.max_batch, "concurrent requests (slots, one session each)")->check(CLI::Range(1, 1024));
   app.add_option("--max-queue", so.max_queue, "requests waiting for a slot before 429")->check(CLI::Range(0, 100000));
@@ -53,6 +55,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   eo.model_dir = model;
   eo.backend = backend;
   eo.numerics = numerics;
+  eo.tp = tp;
   eo.max_context = max_context;
   auto engine = dsv4::Engine::load(eo);
   auto tok = dsv4::text::Tokenizer::from_file(model + "/tokenizer.json");

@@ -22,6 +22,7 @@ struct Loaded {
 
 struct GenerationFlags {
   std::string model, mode = "thinking", effort, backend = "cpu", numerics = "reference";
+  int tp = 1;
   int max_tokens = 256;
   int64_t max_context = 4096;
   SamplingParams s;
@@ -45,6 +46,7 @@ struct GenerationFlags {
     app.add_option("--stop", stop, "stop string (answer content only; repeatable)");
     app.add_option("--backend", backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
+    app.add_option("--tp", tp, "tensor-parallel GPUs for --backend cuda (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
     app.add_option("--max-context", max_context, "tokens of state per session (sized up front)")->check(CLI::PositiveNumber);
   }
 
@@ -68,6 +70,7 @@ struct GenerationFlags {
     o.model_dir = model;
     o.backend = backend;
     o.numerics = numerics;
+    o.tp = tp;
     o.max_context = max_context;
     ProgressBar bar("loading");
     bar.message(("loading " + model + " ...").c_str());  // weights are mmapped, then prepared by the backend

@@ -22,7 +22,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
   if (o.prefill_chunk <= 0) fail("prefill chunk must be positive (got ", o.prefill_chunk, ")");
   std::unique_ptr<Engine> e(new Engine());
   e->opts_ = o;
-  e->model_ = std::make_unique<Model>(o.model_dir, make_backend(o.backend), parse_numerics(o.numerics));
+  e->model_ = std::make_unique<Model>(o.model_dir, make_backend(o.backend, o.tp), parse_numerics(o.numerics));
   const ModelConfig& c = e->model_->config();
   if (o.max_context > c.max_position_embeddings)
     fail("max context ", o.max_context, " exceeds the model's max_position_embeddings ", c.max_position_embeddings);

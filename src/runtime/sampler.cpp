@@ -37,23 +37,32 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
   }
   // Log-probabilities of the (penalised) distribution at temperature 1, for reporting.
   float mx = *std::max_element(work_.begin(), work_.end());
+  // The whole distribution in token order (no truncation) reuses these exponentials at temperature 1. Single-precision
+  // exp: this pass over the vocabulary runs once per token of every request.
+  const bool whole = p_.temperature != 0.0f && (p_.top_k == 0 || p_.top_k >= V) && p_.top_p >= 1.0f && p_.min_p == 0.0f;
+  const bool reuse = whole && p_.temperature == 1.0f;
+  if (whole) probs_.resize(static_cast<size_t>(V));
   double z = 0;
-  for (float v : work_) z += std::exp(static_cast<double>(v - mx));
+  for (int32_t i = 0; i < V; ++i) {
+    const float e = std::exp(work_[static_cast<size_t>(i)] - mx);
+    z += e;
+    if (reuse) probs_[static_cast<size_t>(i)] = e;
+  }
   const float logz = mx + static_cast<float>(std::log(z));
   auto logprob = [&](int32_t t) { return work_[static_cast<size_t>(t)] - logz; };
 
   int32_t chosen;
   if (p_.temperature == 0.0f) {
     chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
-  } else if ((p_.top_k == 0 || p_.top_k >= V) && p_.top_p >= 1.0f && p_.min_p == 0.0f) {
+  } else if (whole) {
     // No truncation: the whole distribution in token order, O(V) (sorting a 129k vocabulary per token would cost
     // more than a decode step of a small model).
-    probs_.resize(static_cast<size_t>(V));
     double total = 0;
     int32_t last = 0;  // the last token with a non-zero probability (where rounding may leave the draw)
+    const float inv_t = 1.0f / p_.temperature;
     for (int32_t i = 0; i < V; ++i) {
-      const double e = std::exp(static_cast<double>(work_[static_cast<size_t>(i)] - mx) / p_.temperature);
-      probs_[static_cast<size_t>(i)] = e;
+      double& e = probs_[static_cast<size_t>(i)];
+      if (!reuse) e = std::exp((work_[static_cast<size_t>(i)] - mx) * inv_t);
       total += e;
       if (e > 0) last = i;
     }

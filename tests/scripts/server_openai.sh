@@ -23,11 +23,11 @@ start() {  # start NAME ARGS...: serve on a free port (--port 0), wait for the b
   done
   echo "server $name did not start: $(cat "$tmp/$name.log")"; return 1
 }
-start main --max-batch 4 --enable-test-hooks || exit 1
+start main --max-batch 16 --enable-test-hooks || exit 1
 main=$url
 start aux --max-batch 1 --max-queue 1 --api-key sekret || exit 1
 aux=$url
-python3 "$src/tools/server/test_openai_sdk.py" "$main" "$aux" sekret "${DSV4_SERVER_TEST_PER_CLIENT:-2}"; rc=$?
+python3 "$src/tools/server/test_openai_sdk.py" "$main" "$aux" sekret "${DSV4_SERVER_TEST_PER_CLIENT:-8}"; rc=$?
 # One log line per request; no crash.
 for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "FAIL: a server died"; rc=1; }; done
 n=$(grep -c '^\[dsv4 serve\] 127.0.0.1 ' "$tmp/main.log")

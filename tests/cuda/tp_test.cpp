@@ -84,11 +84,10 @@ TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
   }
   const size_t V = 129280;
   // Reference numerics (fp32 everywhere): TP only changes fp32 summation order, so TP2 must equal TP1 to ~1e-6.
-  // Official numerics: activations are quantized to FP8 and outputs rounded to BF16, and on these tiny random models
-  // a last-bit difference flips FP8 roundings that later layers amplify (two valid implementations, the CPU reference
-  // and the CUDA backend, differ by rel L2 0.03-0.12 here). TP rounds each rank's wo_b / expert partial sums to BF16
-  // before the all-reduce (as DeepSeek's own row-parallel linears do), so TP2 vs TP1 is held to that noise floor:
-  // no worse than max(2e-2, 2x) the CPU-vs-CUDA distance of the same model, top-1 within 5 points of it.
+  // Official numerics: TP keeps every rounding point of TP1 (partial sums stay fp32 through the all-reduce; the BF16
+  // roundings of wo_b's output and of each expert's output run after it), so again only the fp32 summation order
+  // differs, and the bar applies: top-1 >= 99.5 %, rel L2 <= 2e-2. (Measured on the H200 pair: bit-identical.)
+  // The CPU-vs-CUDA distance of the same model is printed as the noise floor of these chaotic tiny random models.
   for (Numerics nm : {Numerics::Reference, Numerics::Official}) {
     std::vector<float> one, two, two_chunked, two_decode, cpu;
     {
@@ -121,10 +120,11 @@ TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
       EXPECT_LE(err_dec, 1e-5);
       EXPECT_LE(err_chunk, 1e-5);
     } else {
-      EXPECT_LE(err, std::max(2e-2, 2 * floor_err));
-      EXPECT_GE(agree, std::min(0.995, floor_top1 - 0.05));
-      EXPECT_LE(err_dec, std::max(2e-2, 2 * floor_err));
-      EXPECT_LE(err_chunk, std::max(2e-2, 2 * floor_err));
+      EXPECT_GE(agree, 0.995);
+      EXPECT_LE(err, 2e-2);
+      EXPECT_GE(agree_dec, 0.995);
+      EXPECT_LE(err_dec, 2e-2);
+      EXPECT_LE(err_chunk, 2e-2);
     }
   }
   std::filesystem::remove_all(dir);

@@ -554,8 +554,11 @@ class CudaBackend final : public Backend {
     g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
     g.round_bf16 = official_;
     cuda::linear(L.wo_a, g, s_);
-    lin(L.wo_b, z, n, out);
-    all_reduce(out, static_cast<size_t>(n) * c_.hidden);  // TP: wo_b is row-parallel; the collective ends the op
+    // TP: wo_b is row-parallel. Each rank's partial sum stays fp32; the BF16 rounding TP1 applies to the whole sum
+    // runs after the all-reduce (finish_collective), so TP changes nothing but the fp32 summation order.
+    lin(L.wo_b, z, n, out, tp_ == 1);
+    all_reduce(out, static_cast<size_t>(n) * c_.hidden);  // the collective ends the op
+    if (tp_ > 1 && official_) pending_ = Pending{Pending::Round, out, nullptr, n};
   }
 
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
@@ -594,8 +597,13 @@ class CudaBackend final : public Backend {
       cuda::qa8_rows(a.act, n * k, I, q, s_);
       a.act_q = q;
     }
-    a.y = scratch(19, static_cast<size_t>(n) * k * d);
+    // TP: the k expert outputs and the shared expert's sit in one buffer [n, k + 1, d] so that one all-reduce sums
+    // all their partials before the per-expert BF16 rounding TP1 applies (finish_collective).
+    float* ybuf = scratch(19, static_cast<size_t>(n) * (k + 1) * d);
+    a.y = ybuf;
+    a.official = official_ && tp_ == 1;
     cuda::expert_down(a, s_);
+    a.official = official_;
     float* ys = nullptr;
     if (L.has_shared) {
       const int64_t Is = L.sw1.out;
@@ -604,11 +612,36 @@ class CudaBackend final : public Backend {
       lin(L.sw1, x, n, g);
       lin(L.sw3, x, n, u);
       cuda::swiglu(g, u, static_cast<int64_t>(n) * Is, static_cast<float>(c_.swiglu_limit), official_, g, s_);
-      ys = scratch(22, static_cast<size_t>(n) * d);
-      lin(L.sw2, g, n, ys);
+      ys = tp_ == 1 ? scratch(22, static_cast<size_t>(n) * d) : ybuf + static_cast<size_t>(n) * k * d;
+      lin(L.sw2, g, n, ys, tp_ == 1);
     }
-    cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
-    all_reduce(out, static_cast<size_t>(n) * d);  // TP: partial sums of every expert; the collective ends the op
+    if (tp_ == 1) {
+      cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+      return;
+    }
+    if (!ys) {  // no shared expert: its slot holds zeros
+      ys = ybuf + static_cast<size_t>(n) * k * d;
+      cuda::fill_f32(ys, static_cast<int64_t>(n) * d, 0.0f, s_);
+    }
+    all_reduce(ybuf, static_cast<size_t>(n) * (k + 1) * d);  // the collective ends the op
+    pending_ = Pending{Pending::MoeReduce, out, ybuf, n};
+  }
+
+  // TP, after the NCCL group of attn_out()/moe(): the work TP1 does after the sum (BF16 rounding of wo_b's output;
+  // per-expert rounding and the expert reduction).
+  void finish_collective() {
+    const Pending p = pending_;
+    pending_ = Pending{};
+    const int64_t d = c_.hidden;
+    const int k = c_.n_experts_per_tok;
+    switch (p.kind) {
+      case Pending::None: return;
+      case Pending::Round: cuda::round_bf16(p.out, p.n * d, s_); return;
+      case Pending::MoeReduce:
+        if (official_) cuda::round_bf16(p.y, static_cast<int64_t>(p.n) * (k + 1) * d, s_);
+        cuda::moe_reduce(p.y, p.y + static_cast<size_t>(p.n) * k * d, p.n, k, d, official_, p.out, s_);
+        return;
+    }
   }
 
   void head(const float* X, int n, float* logits) override {
@@ -838,7 +871,7 @@ class CudaBackend final : public Backend {
   }
 
   // y = x . W^T as the CPU's linear(): QA8 activations for FP8/FP4 weights and BF16 outputs in official numerics.
-  void lin(const DevLinear& W, const float* x, int n, float* y) {
+  void lin(const DevLinear& W, const float* x, int n, float* y, bool round = true) {
     const float* xin = x;
     if (official_ && W.low_precision()) {
       float* q = scratch(12, static_cast<size_t>(n) * W.in);
@@ -846,7 +879,7 @@ class CudaBackend final : public Backend {
       xin = q;
     }
     cuda::LinearArgs a;
-    a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_;
+    a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
     cuda::linear(W, a, s_);
   }
   // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites).
@@ -912,6 +945,13 @@ class CudaBackend final : public Backend {
   int tp_ = 1, rank_ = 0;
   uint64_t weight_bytes_ = 0;
   float* gathered_ = nullptr;  // TP head: the all-gathered logits slices awaiting gather_logits
+  struct Pending {              // TP: what finish_collective still has to do after the group's all-reduce
+    enum Kind { None, Round, MoeReduce } kind = None;
+    float* out = nullptr;
+    float* y = nullptr;
+    int n = 0;
+  };
+  Pending pending_;
   int gathered_n_ = 0;
   ModelConfig c_;
   bool official_ = false;
@@ -941,6 +981,7 @@ namespace cuda_detail {
 std::vector<std::pair<std::string, double>> op_profile(Backend& b) { return dynamic_cast<CudaBackend&>(b).op_profile(); }
 void set_profiling(Backend& b, bool on) { dynamic_cast<CudaBackend&>(b).set_profiling(on); }
 void gather_logits(Backend& rank, float* logits) { dynamic_cast<CudaBackend&>(rank).gather_logits(logits); }
+void finish_collective(Backend& rank) { dynamic_cast<CudaBackend&>(rank).finish_collective(); }
 uint64_t weight_bytes(const Backend& rank) { return dynamic_cast<const CudaBackend&>(rank).weight_bytes(); }
 }  // namespace cuda_detail
 

@@ -51,6 +51,7 @@ namespace cuda_detail {  // between the single-GPU backend and the TP backend
 std::vector<std::pair<std::string, double>> op_profile(Backend& rank);
 void set_profiling(Backend& rank, bool on);
 void gather_logits(Backend& rank, float* logits);  // after the NCCL group that ran head()/mtp_head()
+void finish_collective(Backend& rank);              // after the NCCL group that ran attn_out()/moe()
 uint64_t weight_bytes(const Backend& rank);
 }  // namespace cuda_detail
 

@@ -226,12 +226,18 @@ class TpBackend final : public Backend {
     each([&](Backend& b, size_t r) { b.window_store(layer, map(kv, r), n, pos0, seq(st, r)); });
   }
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
-    NcclGroup g;  // the ranks' all-reduce of wo_b's partial sums
-    each([&](Backend& b, size_t r) { b.attn_out(layer, map(o, r), n, pos0, map(out, r)); });
+    {
+      NcclGroup g;  // the ranks' all-reduce of wo_b's partial sums
+      each([&](Backend& b, size_t r) { b.attn_out(layer, map(o, r), n, pos0, map(out, r)); });
+    }
+    each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
   }
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
-    NcclGroup g;  // the ranks' all-reduce of the experts' partial sums
-    each([&](Backend& b, size_t r) { b.moe(layer, map(x, r), map(ids, r), n, map(out, r)); });
+    {
+      NcclGroup g;  // the ranks' all-reduce of the experts' partial sums
+      each([&](Backend& b, size_t r) { b.moe(layer, map(x, r), map(ids, r), n, map(out, r)); });
+    }
+    each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
   }
   void head(const float* X, int n, float* logits) override {
     {

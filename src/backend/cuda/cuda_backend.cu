@@ -8,7 +8,9 @@
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -296,6 +298,7 @@ class CudaBackend final : public Backend {
       default: fail(*et.file, ": embedding '", et.name(), "' has dtype ", ckpt::dtype_name(et.dtype()), ", expected BF16/F16/F32");
     }
     const uint64_t before = heap_.bytes();
+    check_fits(w);
     if (tp_ > 1) {
       if (c.n_heads % tp_ || c.o_groups % tp_ || c.moe_inter % tp_ || c.vocab_size % tp_)
         fail("CUDA backend: this model does not split ", tp_, " ways");
@@ -310,6 +313,31 @@ class CudaBackend final : public Backend {
     // The MTP block is layer n_layers (as on the CPU): its sequence state comes with every new_sequence.
     if (w.mtp) layers_.push_back(load_layer(*w.mtp));
     weight_bytes_ = heap_.bytes() - before;
+    size_t free_b = 0, total_b = 0;
+    DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
+    std::fprintf(stderr, "[dsv4] cuda:%d%s: weights %.2f GiB loaded, %.2f GiB of %.2f GiB free for state and workspaces\n",
+                 opts_.device, tp_ > 1 ? (" (tp rank " + std::to_string(rank_) + ")").c_str() : "",
+                 weight_bytes_ / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+  }
+
+  // The memory plan before anything is uploaded: the weights as the device will hold them (stored bytes, block
+  // scales widened to fp32, small tensors as fp32) against the free memory, with 1 GiB kept for workspaces.
+  void check_fits(const ModelWeights& w) const {
+    uint64_t need = w.embed->nbytes();
+    for (const LinearRef* r : w.all_linears()) {
+      if (!r->weight) continue;
+      need += r->weight->nbytes();
+      if (r->scale) need += static_cast<uint64_t>(r->scale->numel()) * 4;
+    }
+    need += need / 100;  // norms, mHC mixes, RoPE tables, expert tables: well under 1 %
+    size_t free_b = 0, total_b = 0;
+    DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t reserve = uint64_t(1) << 30;
+    std::fprintf(stderr, "[dsv4] cuda:%d memory plan: weights %.2f GiB + 1 GiB workspace reserve; %.2f GiB free of %.2f GiB\n",
+                 opts_.device, need / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+    if (need + reserve > free_b)
+      fail("the model's weights need ", need / 1073741824.0, " GiB on cuda:", opts_.device, " (+1 GiB workspace) but only ",
+           free_b / 1073741824.0, " GiB are free: use more GPUs (--tp 2, 4, 8) or fewer layers");
   }
   uint64_t weight_bytes() const { return weight_bytes_; }
 

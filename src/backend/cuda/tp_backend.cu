@@ -163,14 +163,6 @@ class TpBackend final : public Backend {
       on(static_cast<size_t>(r));
       ranks_[static_cast<size_t>(r)]->load(c, shard, numerics);
     }
-    for (int r = 0; r < tp; ++r) {
-      on(static_cast<size_t>(r));
-      size_t free_b = 0, total_b = 0;
-      DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
-      std::fprintf(stderr, "[dsv4] tp rank %d (cuda:%d): weights %.2f GiB, %.2f GiB of %.2f GiB free after loading\n", r,
-                   devices_[static_cast<size_t>(r)], cuda_detail::weight_bytes(*ranks_[static_cast<size_t>(r)]) / 1073741824.0,
-                   free_b / 1073741824.0, total_b / 1073741824.0);
-    }
   }
 
   std::unique_ptr<SequenceState> new_sequence(int64_t max_context) override {

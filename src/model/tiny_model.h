@@ -15,7 +15,8 @@ struct TinySpec {
   uint64_t seed = 1;
   bool with_mtp = true;
   // Widths a tensor-parallel split of up to 8 ranks cuts on whole FP8 128x128 tiles / FP4 blocks (8 heads in 8
-  // o_groups, o_lora_rank 128, expert width 1024), for TP-vs-TP1 tests; the default dims are smaller and do not split.
+  // o_groups, o_lora_rank 128, expert width 1024; q_lora_rank 128 so that FP8 wq_a|wkv stack on whole tiles), for
+  // TP-vs-TP1 tests and the CUDA backend's stacked-GEMV paths; the default dims are smaller and do not split.
   bool tp_ready = false;
 };
 

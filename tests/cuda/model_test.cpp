@@ -95,5 +95,22 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaTiny,
                                            std::make_pair("base", "pro"), std::make_pair("nvfp4", "flash")),
                          [](const auto& info) { return info.param.first + "_" + info.param.second; });
 
+// TP-ready widths (q_lora 128, expert width 1024): the CUDA backend stores FP8 wq_a|wkv and shared w1|w3 back to back
+// and runs each pair as one GEMV in single-token steps (chunk 1); the other widths above take the separate GEMVs.
+// Reference numerics, so any layout slip shows far above the 1e-4 bound.
+TEST(CudaTiny, StackedLinearPairsMatchCpu) {
+  for (auto [format, schedule] : {std::pair<const char*, const char*>{"fp8", "flash"}, {"base", "pro"}, {"nvfp4", "flash"}}) {
+    const std::string dir = std::string(DSV4_BINARY_DIR) + "/cuda_tiny_tp_" + format + "_" + schedule;
+    TinySpec sp;
+    sp.format = format;
+    sp.schedule = schedule;
+    sp.seed = 9;
+    sp.vocab = 512;
+    sp.tp_ready = true;
+    write_tiny_model(dir, sp);
+    check_model_dir(std::string("tp-ready ") + format, dir, tiny_ids(), {Numerics::Reference});
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::test

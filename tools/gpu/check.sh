@@ -105,6 +105,17 @@ if [ -z "${SKIP_BENCH_OPS:-}" ]; then
   cat "$OUT/bench.log" >> "$SUMMARY"
 fi
 
+# A model that cannot fit is refused before any weight is uploaded (memory plan), with a clear message.
+if [ "${BENCH_SYNTH:-}" != none ]; then
+  if timeout 120 "$DSV4" bench --synthetic flash --layers 43 > "$OUT/too_big.log" 2>&1; then
+    note "- too_big: FAILED (Flash at full depth on one GPU did not refuse)"; status=1
+  elif grep -q "use more GPUs" "$OUT/too_big.log"; then
+    note "- too_big: OK ($(grep -o 'the model.s weights need [0-9.]* GiB' "$OUT/too_big.log"))"
+  else
+    note "- too_big: FAILED (no clear error)"; tail -3 "$OUT/too_big.log"; status=1
+  fi
+fi
+
 # Whole-model benchmarks on synthetic full-size weights.
 BENCH_SYNTH=${BENCH_SYNTH:-"flash --layers 20 --context 8192"}
 [ "$NGPU" -ge 2 ] && [ "$BENCH_SYNTH" = "flash --layers 20 --context 8192" ] && BENCH_SYNTH="$BENCH_SYNTH;flash --layers 43 --tp 2 --context 8192"

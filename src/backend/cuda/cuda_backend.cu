@@ -56,7 +56,53 @@ class DevHeap {
     bytes_ += l.weight_bytes();
     return l;
   }
+  // Frees a linear uploaded by linear() (its memory moved into a pair).
+  void release(DevLinear& l) {
+    for (const void* p : {static_cast<const void*>(l.w), static_cast<const void*>(l.scale)}) {
+      if (!p) continue;
+      auto it = std::find(ptrs_.begin(), ptrs_.end(), const_cast<void*>(p));
+      if (it != ptrs_.end()) ptrs_.erase(it), cudaFree(const_cast<void*>(p));
+    }
+    bytes_ -= l.weight_bytes();
+    l.w = nullptr, l.scale = nullptr;
+  }
   uint64_t bytes() const { return bytes_; }  // everything allocated through this heap
+
+  // Two linears over the same input, stored back to back (a's rows, then b's) so that a single-token step runs them as
+  // one GEMV ([a | b] outputs); a and b become views into the pair. Only where the scale grids stack exactly (same
+  // format, width and scale columns; FP8 needs a.out % 128 == 0 so that b starts on a tile); otherwise `pair` stays
+  // empty and a, b are uploaded as usual.
+  void linear_pair(const LinearRef& ra, const LinearRef& rb, DevLinear& a, DevLinear& b, DevLinear& pair) {
+    a = linear(ra);
+    b = linear(rb);
+    const bool fp8 = a.fmt == WeightFormat::FP8_E8M0 || a.fmt == WeightFormat::FP8_F32;
+    const bool fp4 = a.fmt == WeightFormat::MXFP4 || a.fmt == WeightFormat::NVFP4;
+    if (a.fmt != b.fmt || a.in != b.in || a.sb_cols != b.sb_cols || (fp8 && a.out % 128 != 0)) return;
+    auto data_bytes = [&](const DevLinear& l) -> size_t {
+      const int64_t e = l.out * l.in;
+      return static_cast<size_t>(fp8 ? e : fp4 ? e / 2 : (l.fmt == WeightFormat::F32 ? e * 4 : e * 2));
+    };
+    auto scale_count = [&](const DevLinear& l) -> size_t {
+      return static_cast<size_t>(fp8 ? ((l.out + 127) / 128) * l.sb_cols : fp4 ? l.out * l.sb_cols : 0);
+    };
+    const size_t wa = data_bytes(a), wb = data_bytes(b), sa = scale_count(a), sbc = scale_count(b);
+    pair = a;
+    pair.out = a.out + b.out;
+    auto* w = static_cast<uint8_t*>(alloc(wa + wb));
+    DSV4_CU(cudaMemcpy(w, a.w, wa, cudaMemcpyDeviceToDevice));
+    DSV4_CU(cudaMemcpy(w + wa, b.w, wb, cudaMemcpyDeviceToDevice));
+    pair.w = w;
+    float* sc = nullptr;
+    if (sa + sbc > 0) {
+      sc = static_cast<float*>(alloc((sa + sbc) * 4));
+      DSV4_CU(cudaMemcpy(sc, a.scale, sa * 4, cudaMemcpyDeviceToDevice));
+      DSV4_CU(cudaMemcpy(sc + sa, b.scale, sbc * 4, cudaMemcpyDeviceToDevice));
+    }
+    pair.scale = sc;
+    release(a), release(b);
+    a.w = w, a.scale = sc;
+    b.w = w + wa, b.scale = sc ? sc + sa : nullptr;
+  }
 
  private:
   std::vector<void*> ptrs_;
@@ -71,6 +117,7 @@ struct DevComp {
   int64_t width = 0;
   bool overlap = false;
   DevLinear wkv, wgate;
+  DevLinear wkv_wgate;  // both stored back to back (single-token steps: one GEMV); empty if they do not stack
   float *ape = nullptr, *norm = nullptr;
 };
 struct DevLayer {
@@ -81,6 +128,7 @@ struct DevLayer {
   DevHc hc_attn, hc_ffn;
   float *attn_norm = nullptr, *ffn_norm = nullptr, *sink = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
   DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  DevLinear wq_a_wkv;  // wq_a and wkv back to back (single-token steps), or empty
   bool has_comp = false, has_idx = false;
   DevComp comp, icomp;
   DevLinear idx_wq_b, idx_wproj;
@@ -92,6 +140,7 @@ struct DevLayer {
   int64_t esb1 = 0, esb2 = 0;
   bool has_shared = false;
   DevLinear sw1, sw2, sw3;
+  DevLinear sw13;  // shared w1 and w3 back to back (single-token steps), or empty
   // MTP block only (layer index n_layers).
   bool mtp = false;
   DevLinear e_proj, h_proj;
@@ -470,8 +519,25 @@ class CudaBackend final : public Backend {
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
     const int H = heads();  // this rank's query heads (all of them without TP)
-    float* tmp = scratch(0, static_cast<size_t>(n) * std::max(ql, D));
-    lin(L.wq_a, x, n, tmp);
+    // wq_a and wkv read the same x: one QA8 of it, and for a single token one GEMV over the stored pair.
+    float* tmp = scratch(0, static_cast<size_t>(n) * (ql + D));
+    const float* xq = nullptr;
+    auto input_for = [&](const DevLinear& W) -> const float* {
+      if (!official_ || !W.low_precision()) return x;
+      if (!xq) {
+        float* q8 = scratch(30, static_cast<size_t>(n) * c_.hidden);
+        cuda::qa8_rows(x, n, c_.hidden, q8, s_);
+        xq = q8;
+      }
+      return xq;
+    };
+    float* kvraw = tmp + static_cast<size_t>(n) * ql;
+    if (n == 1 && L.wq_a_wkv.w) {
+      lin_pre(L.wq_a_wkv, input_for(L.wq_a_wkv), 1, tmp);  // [q_lora | head_dim]
+    } else {
+      lin_pre(L.wq_a, input_for(L.wq_a), n, tmp);
+      lin_pre(L.wkv, input_for(L.wkv), n, kvraw);
+    }
     cuda::NormRopeArgs a;
     a.x = tmp, a.y = qr, a.rows = n, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps, a.official = official_;
     cuda::norm_rope(a, s_);
@@ -480,9 +546,8 @@ class CudaBackend final : public Backend {
     b.x = q, b.y = q, b.rows = n * H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
     b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_, b.dpos = dpos();
     cuda::norm_rope(b, s_);
-    lin(L.wkv, x, n, tmp);
     cuda::NormRopeArgs k = b;
-    k.x = tmp, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
+    k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
     cuda::norm_rope(k, s_);
   }
 
@@ -496,10 +561,17 @@ class CudaBackend final : public Backend {
     if (!(main ? L.has_comp : L.has_idx)) fail("layer ", layer, " has no ", main ? "compressor" : "indexer");
     const int m = C.ratio;
     const int64_t W = (C.overlap ? 2 : 1) * C.width;
-    float* K = scratch(1, static_cast<size_t>(n * W));
-    float* Z = scratch(2, static_cast<size_t>(n * W));
-    plain(C.wkv, x, n, K);
-    plain(C.wgate, x, n, Z);
+    float *K, *Z;
+    if (n == 1 && C.wkv_wgate.w) {  // one GEMV over the stored pair: [K | Z]
+      K = scratch(1, static_cast<size_t>(2 * W));
+      Z = K + W;
+      plain(C.wkv_wgate, x, 1, K);
+    } else {
+      K = scratch(1, static_cast<size_t>(n * W));
+      Z = scratch(2, static_cast<size_t>(n * W));
+      plain(C.wkv, x, n, K);
+      plain(C.wgate, x, n, Z);
+    }
     int64_t& count = main ? S.n_comp : S.n_idx;
     const int64_t emitted = (pos0 + n) / m - pos0 / m;
     if (count + emitted > S.cap)
@@ -607,12 +679,17 @@ class CudaBackend final : public Backend {
     if (!L.hash && !L.gate_bias) fail("layer ", layer, ": score routing without gate bias");
     cuda::router(r, s_);
     const bool lowp = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
-    const float* xq = x;
-    if (official_ && lowp) {
-      float* q = scratch(16, static_cast<size_t>(n) * d);
-      cuda::qa8_rows(x, n, d, q, s_);
-      xq = q;
-    }
+    // One QA8 of x serves the routed experts and the shared expert.
+    const float* xq8 = nullptr;
+    auto qa8_x = [&]() {
+      if (!xq8) {
+        float* q = scratch(16, static_cast<size_t>(n) * d);
+        cuda::qa8_rows(x, n, d, q, s_);
+        xq8 = q;
+      }
+      return xq8;
+    };
+    const float* xq = official_ && lowp ? qa8_x() : x;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
     a.x = xq, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
@@ -635,10 +712,18 @@ class CudaBackend final : public Backend {
     float* ys = nullptr;
     if (L.has_shared) {
       const int64_t Is = L.sw1.out;
-      float* g = scratch(20, static_cast<size_t>(n) * Is);
-      float* u = scratch(21, static_cast<size_t>(n) * Is);
-      lin(L.sw1, x, n, g);
-      lin(L.sw3, x, n, u);
+      const float* xs = official_ && L.sw1.low_precision() ? qa8_x() : x;
+      float *g, *u;
+      if (n == 1 && L.sw13.w) {  // one GEMV over the stored w1|w3 pair
+        g = scratch(20, static_cast<size_t>(2 * Is));
+        u = g + Is;
+        lin_pre(L.sw13, xs, 1, g);
+      } else {
+        g = scratch(20, static_cast<size_t>(n) * Is);
+        u = scratch(21, static_cast<size_t>(n) * Is);
+        lin_pre(L.sw1, xs, n, g);
+        lin_pre(L.sw3, xs, n, u);
+      }
       cuda::swiglu(g, u, static_cast<int64_t>(n) * Is, static_cast<float>(c_.swiglu_limit), official_, g, s_);
       ys = tp_ == 1 ? scratch(22, static_cast<size_t>(n) * d) : ybuf + static_cast<size_t>(n) * k * d;
       lin(L.sw2, g, n, ys, tp_ == 1);
@@ -821,7 +906,7 @@ class CudaBackend final : public Backend {
   DevComp comp(const CompressorWeights& c) {
     DevComp d;
     d.ratio = c.ratio, d.width = c.width, d.overlap = c.overlap;
-    d.wkv = heap_.linear(c.wkv), d.wgate = heap_.linear(c.wgate);
+    heap_.linear_pair(c.wkv, c.wgate, d.wkv, d.wgate, d.wkv_wgate);
     d.ape = heap_.upload_f32(c.ape), d.norm = heap_.upload_f32(c.norm);
     return d;
   }
@@ -840,9 +925,8 @@ class CudaBackend final : public Backend {
     L.sink = heap_.upload_f32(lw.attn_sink);
     L.q_norm = heap_.upload_f32(lw.q_norm);
     L.kv_norm = heap_.upload_f32(lw.kv_norm);
-    L.wq_a = heap_.linear(lw.wq_a);
+    heap_.linear_pair(lw.wq_a, lw.wkv, L.wq_a, L.wkv, L.wq_a_wkv);
     L.wq_b = heap_.linear(lw.wq_b);
-    L.wkv = heap_.linear(lw.wkv);
     L.wo_a = heap_.linear(lw.wo_a);
     L.wo_b = heap_.linear(lw.wo_b);
     if (lw.compressor) {
@@ -882,9 +966,8 @@ class CudaBackend final : public Backend {
     L.table = heap_.upload(table.data(), table.size());
     if (lw.shared) {
       L.has_shared = true;
-      L.sw1 = heap_.linear(lw.shared->w1);
+      heap_.linear_pair(lw.shared->w1, lw.shared->w3, L.sw1, L.sw3, L.sw13);
       L.sw2 = heap_.linear(lw.shared->w2);
-      L.sw3 = heap_.linear(lw.shared->w3);
     }
     if (lw.e_proj.weight) {
       L.mtp = true;
@@ -906,6 +989,12 @@ class CudaBackend final : public Backend {
       cuda::qa8_rows(x, n, W.in, q, s_);
       xin = q;
     }
+    cuda::LinearArgs a;
+    a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
+    cuda::linear(W, a, s_);
+  }
+  // lin() for an input that is already QA8-quantized where W needs it (shared by several linears of one input).
+  void lin_pre(const DevLinear& W, const float* xin, int n, float* y, bool round = true) {
     cuda::LinearArgs a;
     a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
     cuda::linear(W, a, s_);

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/device_math.cuh"
@@ -22,6 +25,40 @@ void check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in ", what, " at ", file, ":", line);
 }
 #define DSV4_LAUNCHED() DSV4_CU(cudaGetLastError())
+
+// Programmatic dependent launch (PDL): every kernel is launched with programmatic stream serialization, so the next
+// kernel of the stream (or of a captured decode graph) is scheduled while the current one drains instead of after it,
+// hiding most of the ~2 us launch gap between the ~50 small dependent kernels of a decode layer. Correctness is the
+// same as plain serialization because every kernel starts with griddepcontrol.wait (pdl_wait), which blocks until the
+// previous grid has completed and its memory is visible; it then lets its own dependents launch. DSV4_PDL=0 turns it
+// off (A/B measurements).
+namespace {
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DSV4_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+}  // namespace
 
 namespace {
 
@@ -164,6 +201,7 @@ constexpr int kNT = 4;            // tokens per warp pass
 
 template <int F>
 __global__ void __launch_bounds__(256) linear_kernel(WRow W, int64_t out, LinearArgs a) {
+  pdl_wait();
   __shared__ float lut[16];
   init_lut(lut);
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -181,6 +219,7 @@ WRow wrow(const DevLinear& W) { return WRow{W.w, W.scale, W.in, W.sb_cols, fp4_b
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void qa8_kernel(const float* x, int64_t len, float* out) {
+  pdl_wait();
   // One warp per 128-element block of one row (blockIdx.y = row).
   const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int64_t start = b * 128;
@@ -195,16 +234,19 @@ __global__ void qa8_kernel(const float* x, int64_t len, float* out) {
 }
 
 __global__ void round_kernel(float* x, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = bf16r(x[i]);
 }
 __global__ void fill_kernel(float* x, int64_t n, float v) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = v;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void norm_rope_kernel(NormRopeArgs a) {
+  pdl_wait();
   extern __shared__ float sm[];
   __shared__ double red[32];
   const int row = blockIdx.x;
@@ -229,6 +271,7 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
 }
 
 __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X) {
+  pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * hc * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = i % d, t = i / (hc * d);
@@ -256,6 +299,7 @@ constexpr int kHcSlice = 512;  // elements per block (128 threads x 4)
 constexpr int kHcMaxMix = 32;
 
 __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
+  pdl_wait();
   __shared__ float red[4][kHcMaxMix + 1];
   const int sl = blockIdx.x, t = blockIdx.y;
   const int64_t nf = a.hc * a.d;
@@ -272,7 +316,9 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   }
   ss = warp_sum(ss);
   if (lane == 0) red[warp][kHcMaxMix] = ss;
-  for (int r0 = 0; r0 < nmix; r0 += 8) {
+  // Fully unrolled (nmix <= 32: at most 4 passes) so that every pass's loads are issued before the first reduction.
+#pragma unroll
+  for (int r0 = 0; r0 < kHcMaxMix; r0 += 8) {
     float f[8][4];
 #pragma unroll
     for (int r = 0; r < 8; ++r)
@@ -293,16 +339,22 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
 }
 
 __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
-  extern __shared__ float xin[];  // d floats
+  pdl_wait();
+  extern __shared__ float xin[];  // max(d, nslices * (kHcMaxMix + 1)) floats
   __shared__ double red[32];
   __shared__ float mix[kHcMaxMix], pre[16], C[32];
   const int t = blockIdx.x, hc = a.hc;
   const int64_t d = a.d, nf = hc * d;
   const float* Xt = a.X + t * nf;
   const int lane = threadIdx.x & 31;
+  // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of
+  // one per slice), then warp 0 sums them in slice order exactly as before.
+  const int npart = nslices * (kHcMaxMix + 1);
+  for (int i = threadIdx.x; i < npart; i += blockDim.x) xin[i] = partial[static_cast<int64_t>(t) * npart + i];
+  __syncthreads();
   if (threadIdx.x < 32) {
     // Lane r < nmix: mix row r; lane 31 (or any spare): sum of squares; slices summed in order in double.
-    const float* pp = partial + static_cast<int64_t>(t) * nslices * (kHcMaxMix + 1);
+    const float* pp = xin;
     double ssd = 0.0, md = 0.0;
     for (int sl = 0; sl < nslices; ++sl) {
       ssd += pp[sl * (kHcMaxMix + 1) + kHcMaxMix];
@@ -351,7 +403,7 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
       if (own) a.comb[t * hc * hc + lane] = C[lane];
     }
   }
-  __syncthreads();
+  __syncthreads();  // warp 0 is done with the staged partials before xin is reused below
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     float v = 0.0f;
     for (int s = 0; s < hc; ++s) v += pre[s] * Xt[s * d + j];
@@ -365,6 +417,7 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
 
 __global__ void hc_post_kernel(const float* y, const float* post, const float* comb, int n, int hc, int64_t d,
                                bool official, float* X) {
+  pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
@@ -386,6 +439,7 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
 // owns state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the
 // emitted entry is finished block-wide (norm, RoPE, quantization simulation).
 __global__ void compressor_kernel(CompressorArgs a) {
+  pdl_wait();
   extern __shared__ float entry[];
   __shared__ double red[32];
   const int m = a.ratio;
@@ -453,6 +507,7 @@ __global__ void compressor_kernel(CompressorArgs a) {
 }
 
 __global__ void add_streams_kernel(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y) {
+  pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * hc * d;
   for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = hp[x] + ep[(x / (hc * d)) * d + x % d];
@@ -463,6 +518,7 @@ __global__ void add_streams_kernel(const float* hp, const float* ep, int n, int 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
                                  bool official, const int64_t* dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   extern __shared__ float v[];
   const int row = blockIdx.x;
@@ -490,6 +546,7 @@ constexpr int kIdxGroupHeads = 16;
 __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
                                                          bool official, float* scores, int64_t ld, const int64_t* dpos) {
+  pdl_wait();
   if (dpos) {  // graph mode: the chunk (gridDim.y tokens) has made (pos0 + n) / ratio entries exist
     pos0 = *dpos;
     n_keys = (pos0 + gridDim.y) / ratio;
@@ -582,6 +639,7 @@ __device__ __forceinline__ int block_scan_flag(bool f, int* wsum, int* total) {
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
                                                                  int k, int P, int cache, int32_t* topk,
                                                                  const int64_t* dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   unsigned long long* cand = tk_sm;
@@ -775,6 +833,7 @@ __device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const 
 }
 
 __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nchunks, int cr, float* stats) {
+  pdl_wait();
   __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
   __shared__ const float* rp[kAttTile];
   __shared__ int valid[kAttTile];
@@ -842,6 +901,7 @@ __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nc
 }
 
 __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunks, int cr, const float* stats, float* part) {
+  pdl_wait();
   __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
   __shared__ const float* rp[kAttTile];
   __shared__ int valid[kAttTile];
@@ -911,6 +971,7 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
 }
 
 __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o) {
+  pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * H * D;
   for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = x / (H * D), r = x % (H * D);
@@ -923,6 +984,7 @@ __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, 
 
 __global__ void window_store_kernel(const float* kv, int first, int n, int64_t pos0, int window, int64_t D, float* ring,
                                     const int64_t* dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   const int64_t total = static_cast<int64_t>(n - first) * D;
   for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -933,6 +995,7 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void router_kernel(RouterArgs a) {
+  pdl_wait();
   extern __shared__ float sm[];  // s[E], biased[E]
   __shared__ double red[32];
   __shared__ int sel[64];
@@ -992,6 +1055,7 @@ __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt,
 
 template <int F>
 __global__ void __launch_bounds__(256) expert_gate_up_kernel(ExpertArgs a, int blk) {
+  pdl_wait();
   __shared__ float lut[16];
   init_lut(lut);
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -1010,6 +1074,7 @@ __global__ void __launch_bounds__(256) expert_gate_up_kernel(ExpertArgs a, int b
 
 template <int F>
 __global__ void __launch_bounds__(256) expert_down_kernel(ExpertArgs a, int blk) {
+  pdl_wait();
   __shared__ float lut[16];
   init_lut(lut);
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -1168,6 +1233,7 @@ __device__ __forceinline__ int64_t row_bytes(int64_t in) {
 // grid (ceil(out / rows per block), ceil(n / NT)); 8 warps = ks K-slices x (8/ks) row groups of R rows.
 template <int F>
 __global__ void __launch_bounds__(256) gemv_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
+  pdl_wait();
   constexpr int R = kGemvR, NT = kGemvNT, CW = Chunk<F>::CW;
   __shared__ float red[8][R][NT];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1226,6 +1292,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(WRow W, int64_t out, LinearAr
 // every activation load), SwiGLU + clamp + routing weight in the epilogue; down = 2 output rows per warp.
 template <int F>
 __global__ void __launch_bounds__(256) expert_gate_up_v2(ExpertArgs a, int blk) {
+  pdl_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   const int slot = blockIdx.y, t = slot / a.k;
   if (r >= a.I) return;
@@ -1245,6 +1312,7 @@ __global__ void __launch_bounds__(256) expert_gate_up_v2(ExpertArgs a, int blk) 
 
 template <int F>
 __global__ void __launch_bounds__(256) expert_down_v2(ExpertArgs a, int blk) {
+  pdl_wait();
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) * 2;
   const int slot = blockIdx.y;
   if (row0 >= a.d) return;
@@ -1268,11 +1336,13 @@ __global__ void __launch_bounds__(256) expert_down_v2(ExpertArgs a, int blk) {
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t count, float lim, bool official, float* act) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     act[i] = swiglu1(g[i], u[i], lim, 1.0f, official);
 }
 
 __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k, int64_t d, bool official, float* out) {
+  pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
@@ -1285,6 +1355,7 @@ __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k,
 }
 
 __global__ void stream_read_kernel(const float4* p, size_t n4, float* sink) {
+  pdl_wait();
   float acc = 0.0f;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float4 v = __ldcs(p + i);
@@ -1395,11 +1466,11 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
     const dim3 grid(blocks_for(W.out, kRowsPerBlock), blocks_for(a.n, kNT));
     switch (f) {
-      case kF32: linear_kernel<kF32><<<grid, 256, 0, s>>>(r, W.out, a); break;
-      case kBF16: linear_kernel<kBF16><<<grid, 256, 0, s>>>(r, W.out, a); break;
-      case kF16: linear_kernel<kF16><<<grid, 256, 0, s>>>(r, W.out, a); break;
-      case kFP8: linear_kernel<kFP8><<<grid, 256, 0, s>>>(r, W.out, a); break;
-      case kFP4: linear_kernel<kFP4><<<grid, 256, 0, s>>>(r, W.out, a); break;
+      case kF32: launch(linear_kernel<kF32>, grid, 256, 0, s, r, W.out, a); break;
+      case kBF16: launch(linear_kernel<kBF16>, grid, 256, 0, s, r, W.out, a); break;
+      case kF16: launch(linear_kernel<kF16>, grid, 256, 0, s, r, W.out, a); break;
+      case kFP8: launch(linear_kernel<kFP8>, grid, 256, 0, s, r, W.out, a); break;
+      case kFP4: launch(linear_kernel<kFP4>, grid, 256, 0, s, r, W.out, a); break;
     }
     DSV4_LAUNCHED();
     return;
@@ -1411,11 +1482,11 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
   const dim3 grid(blocks_for(W.out, (8 / ks) * kGemvR), ty);
   switch (f) {
-    case kF32: gemv_kernel<kF32><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
-    case kBF16: gemv_kernel<kBF16><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
-    case kF16: gemv_kernel<kF16><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
-    case kFP8: gemv_kernel<kFP8><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
-    case kFP4: gemv_kernel<kFP4><<<grid, 256, 0, s>>>(r, W.out, a, ks); break;
+    case kF32: launch(gemv_kernel<kF32>, grid, 256, 0, s, r, W.out, a, ks); break;
+    case kBF16: launch(gemv_kernel<kBF16>, grid, 256, 0, s, r, W.out, a, ks); break;
+    case kF16: launch(gemv_kernel<kF16>, grid, 256, 0, s, r, W.out, a, ks); break;
+    case kFP8: launch(gemv_kernel<kFP8>, grid, 256, 0, s, r, W.out, a, ks); break;
+    case kFP4: launch(gemv_kernel<kFP4>, grid, 256, 0, s, r, W.out, a, ks); break;
   }
   DSV4_LAUNCHED();
 }
@@ -1423,19 +1494,19 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
 void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s) {
   if (n <= 0) return;
   const int64_t nb = (len + 127) / 128;
-  qa8_kernel<<<dim3(blocks_for(nb, 8), n), 256, 0, s>>>(x, len, out);
+  launch(qa8_kernel, dim3(blocks_for(nb, 8), n), 256, 0, s, x, len, out);
   DSV4_LAUNCHED();
 }
 
 void round_bf16(float* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  round_kernel<<<grid_1d(n), 256, 0, s>>>(x, n);
+  launch(round_kernel, grid_1d(n), 256, 0, s, x, n);
   DSV4_LAUNCHED();
 }
 
 void fill_f32(float* x, int64_t n, float v, cudaStream_t s) {
   if (n <= 0) return;
-  fill_kernel<<<grid_1d(n), 256, 0, s>>>(x, n, v);
+  launch(fill_kernel, grid_1d(n), 256, 0, s, x, n, v);
   DSV4_LAUNCHED();
 }
 
@@ -1443,13 +1514,13 @@ void norm_rope(const NormRopeArgs& a, cudaStream_t s) {
   if (a.rows <= 0) return;
   const size_t sm = static_cast<size_t>(a.len) * 4;
   set_smem(reinterpret_cast<const void*>(norm_rope_kernel), sm);
-  norm_rope_kernel<<<a.rows, 128, sm, s>>>(a);
+  launch(norm_rope_kernel, a.rows, 128, sm, s, a);
   DSV4_LAUNCHED();
 }
 
 void embed(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X, cudaStream_t s) {
   if (n <= 0) return;
-  embed_kernel<<<grid_1d(static_cast<int64_t>(n) * hc * d), 256, 0, s>>>(table, dtype, d, ids, n, hc, X);
+  launch(embed_kernel, grid_1d(static_cast<int64_t>(n) * hc * d), 256, 0, s, table, dtype, d, ids, n, hc, X);
   DSV4_LAUNCHED();
 }
 
@@ -1464,18 +1535,18 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
     fail("hc_pre: hc_mult ", a.hc, " exceeds the kernel's limit (hc*hc <= 32 and (2+hc)*hc <= 32)");
   if (!a.partial) fail("hc_pre: no partial-sum scratch (hc_pre_scratch_floats)");
   const int nslices = static_cast<int>((a.hc * a.d + kHcSlice - 1) / kHcSlice);
-  hc_mix_kernel<<<dim3(nslices, a.n), 128, 0, s>>>(a, nmix, nslices, a.partial);
+  launch(hc_mix_kernel, dim3(nslices, a.n), 128, 0, s, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
-  const size_t sm = static_cast<size_t>(a.d) * 4;
+  const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
   set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
-  hc_finish_kernel<<<a.n, 512, sm, s>>>(a, nmix, nslices, a.partial);
+  launch(hc_finish_kernel, a.n, 512, sm, s, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
 }
 
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
              cudaStream_t s) {
   if (n <= 0) return;
-  hc_post_kernel<<<grid_1d(static_cast<int64_t>(n) * d), 256, 0, s>>>(y, post, comb, n, hc, d, official, X);
+  launch(hc_post_kernel, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
   DSV4_LAUNCHED();
 }
 
@@ -1483,14 +1554,14 @@ void compressor(const CompressorArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.width > 1024 || a.width % 32 != 0) fail("compressor: width ", a.width, " must be a multiple of 32 and <= 1024");
   const size_t sm = static_cast<size_t>(a.width) * 4;
-  compressor_kernel<<<1, static_cast<unsigned>(a.width), sm, s>>>(a);
+  launch(compressor_kernel, 1, static_cast<unsigned>(a.width), sm, s, a);
   DSV4_LAUNCHED();
 }
 
 void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
                     bool official, cudaStream_t s, const int64_t* dpos) {
   if (n <= 0) return;
-  indexer_q_kernel<<<n * heads, 128, static_cast<size_t>(Di) * 4, s>>>(q, heads, Di, R, inv_freq, pos0, official, dpos);
+  launch(indexer_q_kernel, n * heads, 128, static_cast<size_t>(Di) * 4, s, q, heads, Di, R, inv_freq, pos0, official, dpos);
   DSV4_LAUNCHED();
 }
 
@@ -1503,7 +1574,7 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
   if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
   const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
   set_smem(reinterpret_cast<const void*>(indexer_scores_v2), sm);
-  indexer_scores_v2<<<dim3(blocks_for(ld, kIdxKeys), n), 256, sm, s>>>(q, wts, keys, heads, Di, pos0, ratio, n_keys, official,
+  launch(indexer_scores_v2, dim3(blocks_for(ld, kIdxKeys), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys, official,
                                                                        scores, ld, dpos);
   DSV4_LAUNCHED();
 }
@@ -1519,7 +1590,7 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   const int cache = static_cast<int>(std::min<int64_t>(ld, cache_cap));
   const size_t sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
-  topk_radix_kernel<<<n, kTopkThreads, sm, s>>>(scores, ld, pos0, ratio, k, P, cache, topk, dpos);
+  launch(topk_radix_kernel, n, kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
   DSV4_LAUNCHED();
 }
 
@@ -1545,11 +1616,11 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
   float* part = stats + up4(static_cast<int64_t>(a.n) * nchunks * a.H * 2);
   const dim3 grid(nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
-  attend_scores_kernel<<<grid, 256, 0, s>>>(a, nchunks, sp.rows_per_chunk, stats);
+  launch(attend_scores_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats);
   DSV4_LAUNCHED();
-  attend_pv_kernel<<<grid, 256, 0, s>>>(a, nchunks, sp.rows_per_chunk, stats, part);
+  launch(attend_pv_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
   DSV4_LAUNCHED();
-  attend_merge_kernel<<<grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s>>>(part, a.n, a.H, a.D, nchunks, a.official, a.o);
+  launch(attend_merge_kernel, grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s, part, a.n, a.H, a.D, nchunks, a.official, a.o);
   DSV4_LAUNCHED();
 }
 
@@ -1557,7 +1628,7 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
                   const int64_t* dpos) {
   const int first = n > window ? n - window : 0;
   if (n <= 0) return;
-  window_store_kernel<<<grid_1d(static_cast<int64_t>(n - first) * D), 256, 0, s>>>(kv, first, n, pos0, window, D, ring, dpos);
+  launch(window_store_kernel, grid_1d(static_cast<int64_t>(n - first) * D), 256, 0, s, kv, first, n, pos0, window, D, ring, dpos);
   DSV4_LAUNCHED();
 }
 
@@ -1566,7 +1637,7 @@ void router(const RouterArgs& a, cudaStream_t s) {
   if (a.k > 64) fail("router: top-k ", a.k, " exceeds the kernel's limit of 64");
   const size_t sm = static_cast<size_t>(a.E) * 8;
   set_smem(reinterpret_cast<const void*>(router_kernel), sm);
-  router_kernel<<<a.n, 256, sm, s>>>(a);
+  launch(router_kernel, a.n, 256, sm, s, a);
   DSV4_LAUNCHED();
 }
 
@@ -1583,22 +1654,22 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (!expert_vector_ok(a, a.x)) {
     const dim3 grid(blocks_for(a.I, kRowsPerBlock), a.n * a.k);
     switch (fmt_of(a.fmt)) {
-      case kF32: expert_gate_up_kernel<kF32><<<grid, 256, 0, s>>>(a, blk); break;
-      case kBF16: expert_gate_up_kernel<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
-      case kF16: expert_gate_up_kernel<kF16><<<grid, 256, 0, s>>>(a, blk); break;
-      case kFP8: expert_gate_up_kernel<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
-      case kFP4: expert_gate_up_kernel<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+      case kF32: launch(expert_gate_up_kernel<kF32>, grid, 256, 0, s, a, blk); break;
+      case kBF16: launch(expert_gate_up_kernel<kBF16>, grid, 256, 0, s, a, blk); break;
+      case kF16: launch(expert_gate_up_kernel<kF16>, grid, 256, 0, s, a, blk); break;
+      case kFP8: launch(expert_gate_up_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
+      case kFP4: launch(expert_gate_up_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;
   }
   const dim3 grid(blocks_for(a.I, 8), a.n * a.k);
   switch (fmt_of(a.fmt)) {
-    case kF32: expert_gate_up_v2<kF32><<<grid, 256, 0, s>>>(a, blk); break;
-    case kBF16: expert_gate_up_v2<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kF16: expert_gate_up_v2<kF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP8: expert_gate_up_v2<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP4: expert_gate_up_v2<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+    case kF32: launch(expert_gate_up_v2<kF32>, grid, 256, 0, s, a, blk); break;
+    case kBF16: launch(expert_gate_up_v2<kBF16>, grid, 256, 0, s, a, blk); break;
+    case kF16: launch(expert_gate_up_v2<kF16>, grid, 256, 0, s, a, blk); break;
+    case kFP8: launch(expert_gate_up_v2<kFP8>, grid, 256, 0, s, a, blk); break;
+    case kFP4: launch(expert_gate_up_v2<kFP4>, grid, 256, 0, s, a, blk); break;
   }
   DSV4_LAUNCHED();
 }
@@ -1609,46 +1680,46 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (!expert_vector_ok(a, a.act_q)) {
     const dim3 grid(blocks_for(a.d, kRowsPerBlock), a.n * a.k);
     switch (fmt_of(a.fmt)) {
-      case kF32: expert_down_kernel<kF32><<<grid, 256, 0, s>>>(a, blk); break;
-      case kBF16: expert_down_kernel<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
-      case kF16: expert_down_kernel<kF16><<<grid, 256, 0, s>>>(a, blk); break;
-      case kFP8: expert_down_kernel<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
-      case kFP4: expert_down_kernel<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+      case kF32: launch(expert_down_kernel<kF32>, grid, 256, 0, s, a, blk); break;
+      case kBF16: launch(expert_down_kernel<kBF16>, grid, 256, 0, s, a, blk); break;
+      case kF16: launch(expert_down_kernel<kF16>, grid, 256, 0, s, a, blk); break;
+      case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
+      case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;
   }
   const dim3 grid(blocks_for(a.d, 16), a.n * a.k);
   switch (fmt_of(a.fmt)) {
-    case kF32: expert_down_v2<kF32><<<grid, 256, 0, s>>>(a, blk); break;
-    case kBF16: expert_down_v2<kBF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kF16: expert_down_v2<kF16><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP8: expert_down_v2<kFP8><<<grid, 256, 0, s>>>(a, blk); break;
-    case kFP4: expert_down_v2<kFP4><<<grid, 256, 0, s>>>(a, blk); break;
+    case kF32: launch(expert_down_v2<kF32>, grid, 256, 0, s, a, blk); break;
+    case kBF16: launch(expert_down_v2<kBF16>, grid, 256, 0, s, a, blk); break;
+    case kF16: launch(expert_down_v2<kF16>, grid, 256, 0, s, a, blk); break;
+    case kFP8: launch(expert_down_v2<kFP8>, grid, 256, 0, s, a, blk); break;
+    case kFP4: launch(expert_down_v2<kFP4>, grid, 256, 0, s, a, blk); break;
   }
   DSV4_LAUNCHED();
 }
 
 void swiglu(const float* g, const float* u, int64_t count, float limit, bool official, float* act, cudaStream_t s) {
   if (count <= 0) return;
-  swiglu_kernel<<<grid_1d(count), 256, 0, s>>>(g, u, count, limit, official, act);
+  launch(swiglu_kernel, grid_1d(count), 256, 0, s, g, u, count, limit, official, act);
   DSV4_LAUNCHED();
 }
 
 void moe_reduce(const float* y, const float* ys, int n, int k, int64_t d, bool official, float* out, cudaStream_t s) {
   if (n <= 0) return;
-  moe_reduce_kernel<<<grid_1d(static_cast<int64_t>(n) * d), 256, 0, s>>>(y, ys, n, k, d, official, out);
+  launch(moe_reduce_kernel, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, ys, n, k, d, official, out);
   DSV4_LAUNCHED();
 }
 
 void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y, cudaStream_t s) {
   if (n <= 0) return;
-  add_streams_kernel<<<grid_1d(static_cast<int64_t>(n) * hc * d), 256, 0, s>>>(hp, ep, n, hc, d, official, Y);
+  launch(add_streams_kernel, grid_1d(static_cast<int64_t>(n) * hc * d), 256, 0, s, hp, ep, n, hc, d, official, Y);
   DSV4_LAUNCHED();
 }
 
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s) {
-  stream_read_kernel<<<132 * 8, 512, 0, s>>>(static_cast<const float4*>(p), bytes / 16, sink);
+  launch(stream_read_kernel, 132 * 8, 512, 0, s, static_cast<const float4*>(p), bytes / 16, sink);
   DSV4_LAUNCHED();
 }
 

@@ -119,7 +119,9 @@ class Sampler {
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
-  std::vector<float> work_;
+  std::vector<float> work_;      // penalised logits (only when a penalty is set)
+  std::vector<float> exps_;      // exp((logit - max) / T) of the untruncated draw
+  std::vector<double> blocks_;   // their sums per block of the vocabulary
   std::vector<int32_t> order_;
   std::vector<double> probs_;
 };

@@ -1,14 +1,156 @@
 // Sampling: penalties -> temperature -> top-k -> top-p -> min-p -> draw (in token order when nothing truncates). Greedy (temperature 0) takes the argmax
 // of the penalised logits with the lowest id winning ties, so it is deterministic.
+//
+// The passes over the whole vocabulary (NaN check + max, the softmax normaliser, the exponentials of the untruncated
+// draw) run once per token of every request, so they are vectorised (AVX2 when the build targets it) with a fixed
+// arithmetic: the same values for a given build whatever the vector width, the C library or the batch.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "dsv4/engine.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define DSV4_SAMPLER_AVX2 1
+#endif
+
 namespace dsv4 {
+namespace {
+
+// exp(x) for x <= 0 in single precision (about 1 ulp): x = k ln2 + r with |r| <= ln2/2 (ln2 split in two, Cody-Waite),
+// e^r by a degree-7 polynomial (1 + r + r^2 (c5 + c4 r + ... + c0 r^5)), times 2^k built in the exponent bits. Below
+// -87 (where expf is denormal) it returns 0. The scalar and the 8-lane versions perform the same operations, so a token
+// gets the same value in the vector body and in the tail.
+constexpr float kExpMin = -87.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v to an integer
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kC[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+inline float fmadd(float a, float b, float c) {
+#ifdef DSV4_SAMPLER_AVX2
+  return std::fma(a, b, c);  // one vfmadd, as in the vector version
+#else
+  return a * b + c;  // no FMA in this build's target: never fused
+#endif
+}
+
+inline float exp_le0(float x) {
+  const float xc = x < kExpMin ? kExpMin : x;
+  const float kf = fmadd(xc, kLog2e, kRound) - kRound;
+  float r = fmadd(kf, -kLn2Hi, xc);
+  r = fmadd(kf, -kLn2Lo, r);
+  float p = kC[0];
+  for (int i = 1; i < 6; ++i) p = fmadd(p, r, kC[i]);
+  const float y = fmadd(p, r * r, r) + 1.0f;
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(kf) + 127) << 23);
+  return x < kExpMin ? 0.0f : y * scale;
+}
+
+#ifdef DSV4_SAMPLER_AVX2
+inline __m256 exp_le0(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(kExpMin), rnd = _mm256_set1_ps(kRound);
+  const __m256 xc = _mm256_max_ps(x, lo);
+  const __m256 kf = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(kLog2e), rnd), rnd);
+  __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-kLn2Hi), xc);
+  r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kC[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC[i]));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
+  const __m256 v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), v);
+}
+#endif
+
+// Max of w[0..V); fails on a NaN.
+float checked_max(const float* w, int V) {
+  float mx = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  int i = 0;
+#ifdef DSV4_SAMPLER_AVX2
+  __m256 m = _mm256_set1_ps(mx), bad = _mm256_setzero_ps();
+  for (; i + 8 <= V; i += 8) {
+    const __m256 v = _mm256_loadu_ps(w + i);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    m = _mm256_max_ps(m, v);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  for (float v : lanes) mx = std::max(mx, v);
+  nan = _mm256_movemask_ps(bad) != 0;
+#endif
+  for (; i < V; ++i) {
+    nan |= std::isnan(w[i]);
+    mx = std::max(mx, w[i]);
+  }
+  if (nan) fail("model produced NaN logits");
+  return mx;
+}
+
+// First i with w[i] == v (V if none).
+int first_equal(const float* w, int V, float v) {
+  int i = 0;
+#ifdef DSV4_SAMPLER_AVX2
+  const __m256 vv = _mm256_set1_ps(v);
+  for (; i + 8 <= V; i += 8)
+    if (const int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(w + i), vv, _CMP_EQ_OQ))) return i + std::countr_zero(static_cast<unsigned>(m));
+#endif
+  for (; i < V; ++i)
+    if (w[i] == v) return i;
+  return V;
+}
+
+// S = sum of e_i = exp_le0((w_i - mx) * s) in double, in a fixed order: the vocabulary in blocks of kBlock tokens, a
+// block summed in 8 lanes (token i into lane i % 8) joined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the block's
+// last (< 8) tokens in order; S is the block sums in order. Writes e to `out` and the block sums to `blocks` if given.
+constexpr int kBlock = 1024;
+int n_blocks(int V) { return (V + kBlock - 1) / kBlock; }
+
+double exp_sum(const float* w, int V, float mx, float s, float* out, double* blocks) {
+  double total = 0;
+  for (int b0 = 0, b = 0; b0 < V; b0 += kBlock, ++b) {
+    const int end = std::min(V, b0 + kBlock);
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = b0;
+#ifdef DSV4_SAMPLER_AVX2
+    const __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_set1_ps(s);
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    for (; i + 8 <= end; i += 8) {
+      const __m256 e = exp_le0(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(w + i), vmx), vs));
+      if (out) _mm256_storeu_ps(out + i, e);
+      a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+      a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    _mm256_storeu_pd(lane, a0);
+    _mm256_storeu_pd(lane + 4, a1);
+#else
+    for (; i + 8 <= end; i += 8)
+      for (int j = 0; j < 8; ++j) {
+        const float e = exp_le0((w[i + j] - mx) * s);
+        if (out) out[i + j] = e;
+        lane[j] += e;
+      }
+#endif
+    double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < end; ++i) {
+      const float e = exp_le0((w[i] - mx) * s);
+      if (out) out[i] = e;
+      sum += e;
+    }
+    if (blocks) blocks[b] = sum;
+    total += sum;
+  }
+  return total;
+}
+
+}  // namespace
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
   if (p.temperature < 0 || !std::isfinite(p.temperature)) fail("temperature must be >= 0 (got ", p.temperature, ")");
@@ -21,11 +163,10 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
 
 SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector<int32_t>& generated) {
   const int V = static_cast<int>(logits.size());
-  work_.assign(logits.begin(), logits.end());
-  for (float v : work_)
-    if (std::isnan(v)) fail("model produced NaN logits");
+  const float* w = logits.data();  // the penalised logits
   // Penalties over the generated tokens (OpenAI semantics for presence/frequency; CTRL-style repetition penalty).
   if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+    work_.assign(logits.begin(), logits.end());
     std::unordered_map<int32_t, int> counts;
     for (int32_t t : generated) counts[t]++;
     for (auto [t, c] : counts) {
@@ -34,42 +175,35 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
       if (p_.repetition_penalty != 1.0f) v = v > 0 ? v / p_.repetition_penalty : v * p_.repetition_penalty;
       v -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(c);
     }
+    w = work_.data();
   }
-  // Log-probabilities of the (penalised) distribution at temperature 1, for reporting.
-  float mx = *std::max_element(work_.begin(), work_.end());
-  // The whole distribution in token order (no truncation) reuses these exponentials at temperature 1. Single-precision
-  // exp: this pass over the vocabulary runs once per token of every request.
+  const float mx = checked_max(w, V);  // (a NaN logit stays NaN through the penalties)
+  // The whole distribution in token order (no truncation): O(V), no sort (sorting a 129k vocabulary per token would
+  // cost more than a decode step of a small model).
   const bool whole = p_.temperature != 0.0f && (p_.top_k == 0 || p_.top_k >= V) && p_.top_p >= 1.0f && p_.min_p == 0.0f;
-  const bool reuse = whole && p_.temperature == 1.0f;
-  if (whole) probs_.resize(static_cast<size_t>(V));
-  double z = 0;
-  for (int32_t i = 0; i < V; ++i) {
-    const float e = std::exp(work_[static_cast<size_t>(i)] - mx);
-    z += e;
-    if (reuse) probs_[static_cast<size_t>(i)] = e;
-  }
-  const float logz = mx + static_cast<float>(std::log(z));
-  auto logprob = [&](int32_t t) { return work_[static_cast<size_t>(t)] - logz; };
-
+  double z = 0;  // softmax normaliser at temperature 1 (relative to mx), for the reported log-probabilities
   int32_t chosen;
   if (p_.temperature == 0.0f) {
-    chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+    z = exp_sum(w, V, mx, 1.0f, nullptr, nullptr);
+    chosen = first_equal(w, V, mx);
   } else if (whole) {
-    // No truncation: the whole distribution in token order, O(V) (sorting a 129k vocabulary per token would cost
-    // more than a decode step of a small model).
-    double total = 0;
-    int32_t last = 0;  // the last token with a non-zero probability (where rounding may leave the draw)
     const float inv_t = 1.0f / p_.temperature;
-    for (int32_t i = 0; i < V; ++i) {
-      double& e = probs_[static_cast<size_t>(i)];
-      if (!reuse) e = std::exp((work_[static_cast<size_t>(i)] - mx) * inv_t);
-      total += e;
-      if (e > 0) last = i;
-    }
+    exps_.resize(static_cast<size_t>(V));
+    blocks_.resize(static_cast<size_t>(n_blocks(V)));
+    const double total = exp_sum(w, V, mx, inv_t, exps_.data(), blocks_.data());
+    z = p_.temperature == 1.0f ? total : exp_sum(w, V, mx, 1.0f, nullptr, nullptr);  // same sum at temperature 1
+    int32_t last = V - 1;  // the last token with a non-zero probability (where rounding may leave the draw)
+    while (last > 0 && !(exps_[static_cast<size_t>(last)] > 0)) --last;
+    // Token order: skip whole blocks by their sums, then walk the tokens.
     double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+    int32_t i = 0;
+    for (size_t b = 0; b < blocks_.size() && r >= blocks_[b]; ++b) {
+      r -= blocks_[b];
+      i += kBlock;
+    }
     chosen = last;
-    for (int32_t i = 0; i < last; ++i) {
-      const double e = probs_[static_cast<size_t>(i)];
+    for (; i < last; ++i) {
+      const double e = exps_[static_cast<size_t>(i)];
       if (e > 0 && r < e) {
         chosen = i;
         break;
@@ -77,10 +211,11 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
       r -= e;
     }
   } else {
+    z = exp_sum(w, V, mx, 1.0f, nullptr, nullptr);
     order_.resize(static_cast<size_t>(V));
     std::iota(order_.begin(), order_.end(), 0);
     auto by_logit = [&](int32_t a, int32_t b) {
-      float va = work_[static_cast<size_t>(a)], vb = work_[static_cast<size_t>(b)];
+      float va = w[a], vb = w[b];
       return va > vb || (va == vb && a < b);
     };
     size_t keep = static_cast<size_t>(V);
@@ -89,10 +224,10 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
     std::partial_sort(order_.begin(), order_.begin() + static_cast<long>(keep), order_.end(), by_logit);
     std::vector<double>& probs = probs_;
     probs.resize(keep);
-    const float top = work_[static_cast<size_t>(order_[0])];
+    const float top = w[order_[0]];
     double sum = 0;
     for (size_t i = 0; i < keep; ++i) {
-      probs[i] = std::exp(static_cast<double>(work_[static_cast<size_t>(order_[i])] - top) / p_.temperature);
+      probs[i] = std::exp(static_cast<double>(w[order_[i]] - top) / p_.temperature);
       sum += probs[i];
     }
     size_t n = keep;
@@ -124,14 +259,16 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
     }
     chosen = order_[pick];
   }
+  // Log-probabilities of the (penalised) distribution at temperature 1.
+  const float logz = mx + static_cast<float>(std::log(z));
+  auto logprob = [&](int32_t t) { return w[t] - logz; };
   SampledToken out{chosen, logprob(chosen), {}};
   if (p_.top_logprobs > 0) {
     order_.resize(static_cast<size_t>(V));
     std::iota(order_.begin(), order_.end(), 0);
     size_t k = std::min(static_cast<size_t>(p_.top_logprobs), static_cast<size_t>(V));
     std::partial_sort(order_.begin(), order_.begin() + static_cast<long>(k), order_.end(), [&](int32_t a, int32_t b) {
-      return work_[static_cast<size_t>(a)] > work_[static_cast<size_t>(b)] ||
-             (work_[static_cast<size_t>(a)] == work_[static_cast<size_t>(b)] && a < b);
+      return w[a] > w[b] || (w[a] == w[b] && a < b);
     });
     for (size_t i = 0; i < k; ++i) out.top.push_back({order_[i], logprob(order_[i])});
   }

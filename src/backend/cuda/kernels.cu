@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -33,12 +34,13 @@ void check(cudaError_t e, const char* what, const char* file, int line) {
 // previous grid has completed and its memory is visible; it then lets its own dependents launch. DSV4_PDL=0 turns it
 // off (A/B measurements).
 namespace {
+std::atomic<bool> g_pdl_allowed{true};  // set_pdl(): the tensor-parallel backend turns it off (see ops.h)
 bool pdl_enabled() {
-  static const bool on = [] {
+  static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
     return !(e && std::string(e) == "0");
   }();
-  return on;
+  return env_on && g_pdl_allowed.load(std::memory_order_relaxed);
 }
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
@@ -54,6 +56,9 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   cfg.numAttrs = 1;
   DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
+}  // namespace
+void set_pdl(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
+namespace {
 __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

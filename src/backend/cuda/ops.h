@@ -234,6 +234,11 @@ void moe_reduce(const float* y, const float* ys, int n, int k, int64_t d, bool o
 // MTP input fusion: Y[t, s, :] = hp[t, s, :] + ep[t, :] for every stream s ([official] bf16).
 void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y, cudaStream_t s);
 
+// Programmatic dependent launch for every kernel of the process (default on; env DSV4_PDL=0 turns it off). The
+// tensor-parallel backend turns it off: with NCCL collectives between the kernels, the 43-layer TP2 benchmark stopped
+// making progress in prefill on the H200 pair (4 layers ran fine, faster with PDL); under investigation.
+void set_pdl(bool allowed);
+
 // Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s);
 

@@ -83,6 +83,7 @@ class TpBackend final : public Backend {
   TpBackend(const std::vector<int>& devices, const CudaOptions& opts) : devices_(devices) {
     const int n = static_cast<int>(devices.size());
     if (n < 2) fail("tensor parallelism needs at least 2 GPUs (got ", n, ")");
+    cuda::set_pdl(false);  // see ops.h: PDL next to NCCL collectives is not validated at full depth yet
     int visible = 0;
     DSV4_CU(cudaGetDeviceCount(&visible));
     for (int d : devices)

@@ -97,6 +97,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       ->check(CLI::IsMember({"instruct", "base", "nvfp4"}));
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results survive a run killed by a time limit
   if (batch != 1)
     fail("--batch ", batch, ": the CUDA backend decodes one sequence per step so far; batched decode is not implemented "
          "on the GPU yet (measure with --batch 1)");
@@ -137,11 +138,18 @@ int cmd_bench(const std::vector<std::string>& args) {
   dsv4::Forward pre(model, chunk);
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
   auto run_prefill = [&](int64_t from, int64_t to) {
+    if (from >= to) return;
+    const auto a = Clock::now();
     for (int64_t p = from; p < to; p += chunk) {
       const int n = static_cast<int>(std::min<int64_t>(chunk, to - p));
       pre.forward(*st, ids.data() + p, n, p, p + n == to ? logits.data() : nullptr, true);
+      // Progress (a stall shows where it is); the host runs ahead of the GPU here, so these times are issue times.
+      std::fprintf(stderr, "[bench] prefill issued %lld/%lld tokens at %.1f s\n", (long long)(p + n), (long long)to,
+                   secs(a, Clock::now()));
     }
     be->synchronize();
+    std::fprintf(stderr, "[bench] prefill of positions %lld..%lld done in %.2f s\n", (long long)from, (long long)to,
+                 secs(a, Clock::now()));
   };
   t0 = Clock::now();
   run_prefill(0, prompt);
@@ -161,6 +169,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   };
   // Each Forward has its own recording; the sequence advances one token per step either way.
   for (int i = 0; i < 2; ++i) step(dec, false), step(dec_head, true);
+  std::fprintf(stderr, "[bench] decode graphs recorded; timing %d + %d steps\n", steps, steps);
   for (int i = 0; i < steps; ++i) t_layers.push_back(step(dec, false));
   for (int i = 0; i < steps; ++i) t_full.push_back(step(dec_head, true));
   dsv4::cuda_set_op_profiling(*be, true);

@@ -112,7 +112,8 @@ class TpBackend final : public Backend {
       cudaSetDevice(devices_[r]);
       ranks_[r].reset();
     }
-    for (auto c : comms_) ncclCommDestroy(c);
+    if (!aborted_)
+      for (auto c : comms_) ncclCommDestroy(c);
   }
   const char* name() const override { return "cuda"; }
   Backend& rank(size_t r) { return *ranks_[r]; }
@@ -219,34 +220,22 @@ class TpBackend final : public Backend {
     each([&](Backend& b, size_t r) { b.window_store(layer, map(kv, r), n, pos0, seq(st, r)); });
   }
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
-    {
-      NcclGroup g;  // the ranks' all-reduce of wo_b's partial sums
-      each([&](Backend& b, size_t r) { b.attn_out(layer, map(o, r), n, pos0, map(out, r)); });
-    }
+    collective([&](Backend& b, size_t r) { b.attn_out(layer, map(o, r), n, pos0, map(out, r)); });  // wo_b all-reduce
     each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
   }
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
-    {
-      NcclGroup g;  // the ranks' all-reduce of the experts' partial sums
-      each([&](Backend& b, size_t r) { b.moe(layer, map(x, r), map(ids, r), n, map(out, r)); });
-    }
+    collective([&](Backend& b, size_t r) { b.moe(layer, map(x, r), map(ids, r), n, map(out, r)); });  // experts
     each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
   }
   void head(const float* X, int n, float* logits) override {
-    {
-      NcclGroup g;  // all-gather of the vocabulary slices
-      each([&](Backend& b, size_t r) { b.head(map(X, r), n, map(logits, r)); });
-    }
+    collective([&](Backend& b, size_t r) { b.head(map(X, r), n, map(logits, r)); });  // vocabulary all-gather
     each([&](Backend& b, size_t r) { cuda_detail::gather_logits(b, map(logits, r)); });
   }
   void mtp_input(const int32_t* next_ids, const float* X, int n, float* Y) override {
     each([&](Backend& b, size_t r) { b.mtp_input(map(next_ids, r), map(X, r), n, map(Y, r)); });
   }
   void mtp_head(const float* Y, int n, float* logits) override {
-    {
-      NcclGroup g;
-      each([&](Backend& b, size_t r) { b.mtp_head(map(Y, r), n, map(logits, r)); });
-    }
+    collective([&](Backend& b, size_t r) { b.mtp_head(map(Y, r), n, map(logits, r)); });
     each([&](Backend& b, size_t r) { cuda_detail::gather_logits(b, map(logits, r)); });
   }
 
@@ -274,6 +263,32 @@ class TpBackend final : public Backend {
     std::vector<char*> base;  // per rank
   };
   void on(size_t r) const { DSV4_CU(cudaSetDevice(devices_[r])); }
+  // Runs an op whose last step is a collective on every rank inside one NCCL group. If a rank throws, the ranks that
+  // already enqueued their collective would wait forever for the others (and every later CUDA call on their GPUs
+  // with them): abort all communicators, which ends their NCCL kernels, and rethrow, so the user sees the error
+  // instead of a hang. The backend is unusable afterwards (its communicators are gone) and says so.
+  template <typename F>
+  void collective(F&& f) {
+    if (aborted_) fail("tensor-parallel backend: unusable after an earlier error aborted its NCCL communicators");
+    nccl_check(ncclGroupStart(), "ncclGroupStart");
+    try {
+      each(f);
+    } catch (...) {
+      ncclGroupEnd();
+      abort_all();
+      throw;
+    }
+    const ncclResult_t e = ncclGroupEnd();
+    if (e != ncclSuccess) {
+      abort_all();
+      nccl_check(e, "ncclGroupEnd");
+    }
+  }
+  void abort_all() {
+    if (aborted_) return;
+    aborted_ = true;
+    for (auto c : comms_) ncclCommAbort(c);
+  }
   template <typename F>
   void each(F&& f) {
     for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -312,6 +327,7 @@ class TpBackend final : public Backend {
 
   std::vector<int> devices_;
   std::vector<ncclComm_t> comms_;
+  bool aborted_ = false;
   std::vector<std::unique_ptr<Backend>> ranks_;
   std::map<uintptr_t, Alloc> allocs_;
 };

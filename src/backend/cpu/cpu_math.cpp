@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_math.h"
 
+#include <algorithm>
 #include <cmath>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -25,7 +26,7 @@ inline float tail(const float* a, const float* b, int64_t k, int64_t n, float s)
 }
 // ((v0+v1) + (v2+v3)) + ((v4+v5) + (v6+v7)) of each of four vectors, as one [4] vector (dot()'s reduction tree:
 // hadd adds adjacent lanes, the last add joins the two 128-bit halves).
-inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+[[gnu::always_inline]] inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
@@ -38,7 +39,7 @@ inline float reduce1(__m256 a) {
 // y[t, o..o+4) for the RT input rows t..t+RT: four weight rows per pass over the inputs, so each weight row is
 // read once for RT input rows (and once per call when the inputs stay in cache).
 template <int RT>
-inline void tile4(const float* x, int64_t t, int64_t in, const float* W, int64_t o, int64_t out, float* y) {
+[[gnu::always_inline]] inline void tile4(const float* x, int64_t t, int64_t in, const float* W, int64_t o, int64_t out, float* y) {
   __m256 acc[RT][4];
   for (int r = 0; r < RT; ++r)
     for (int w = 0; w < 4; ++w) acc[r][w] = _mm256_setzero_ps();
@@ -82,15 +83,17 @@ float dot(const float* a, const float* b, int64_t n) {
 
 void matmul_nt(const float* x, int64_t n, int64_t in, const float* W, int64_t out, float* y) {
 #ifdef DSV4_CPU_FMA8
-  // Blocks of four weight rows (OpenMP over them), each against the inputs two rows at a time: every y element is
-  // dot(x row, W row), bit for bit.
+  // Blocks of four weight rows (OpenMP over them), each against the inputs three rows at a time: every y element is
+  // dot(x row, W row), bit for bit. Dynamic chunks of about 64k multiply-adds: a thread that loses its core to
+  // another process (a loaded CI machine, the server's HTTP threads) does not hold the others up at the barrier.
   const int64_t blocks = out / 4;
-#pragma omp parallel for schedule(static) if (out * n * in > 65536)
+  const int chunk = static_cast<int>(std::max<int64_t>(1, 65536 / std::max<int64_t>(1, 4 * n * in)));
+#pragma omp parallel for schedule(dynamic, chunk) if (out * n * in > 65536)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t o = b * 4;
     int64_t t = 0;
-    for (; t + 2 <= n; t += 2) tile4<2>(x, t, in, W, o, out, y);
-    if (t < n) tile4<1>(x, t, in, W, o, out, y);
+    for (; t + 3 <= n; t += 3) tile4<3>(x, t, in, W, o, out, y);
+    for (; t < n; ++t) tile4<1>(x, t, in, W, o, out, y);
   }
   for (int64_t o = blocks * 4; o < out; ++o)
     for (int64_t t = 0; t < n; ++t) y[t * out + o] = dot(x + t * in, W + o * in, in);

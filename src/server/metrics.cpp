@@ -69,9 +69,10 @@ void Metrics::observe_inter_token(double s) {
   itl_.observe(s);
 }
 
-void Metrics::observe_decode_batch(int64_t rows) {
+void Metrics::observe_decode_batch(int64_t rows, double seconds) {
   std::lock_guard<std::mutex> l(m_);
   batch_.observe(static_cast<double>(rows));
+  decode_seconds_ += seconds;
 }
 
 void Metrics::set_gauges(std::function<GaugeSnapshot()> fn) {
@@ -107,6 +108,9 @@ std::string Metrics::render() const {
   ttft_.render("dsv4_time_to_first_token_seconds", "submit to first token, queueing included", out);
   itl_.render("dsv4_inter_token_latency_seconds", "time between consecutive tokens of one request", out);
   batch_.render("dsv4_decode_batch_size", "sequences per batched decode forward", out);
+  scalar(out, "dsv4_decode_forward_seconds_total", "counter",
+         "wall time of the batched decode forwards (over dsv4_decode_batch_size_sum: seconds per decoded row)",
+         decode_seconds_);
   scalar(out, "dsv4_queue_depth", "gauge", "requests waiting for a slot", g.queue_depth);
   scalar(out, "dsv4_active_requests", "gauge", "requests holding a slot", g.active_requests);
   scalar(out, "dsv4_slots_busy", "gauge", "slots (sessions) in use", g.slots_busy);

@@ -42,7 +42,8 @@ class Metrics {
                            int64_t completion_tokens);
   void observe_ttft(double s);
   void observe_inter_token(double s);
-  void observe_decode_batch(int64_t rows);  // sequences in one batched decode forward
+  // One batched decode forward: its sequences and its wall time (the forward only, sampling excluded).
+  void observe_decode_batch(int64_t rows, double seconds);
   void set_gauges(std::function<GaugeSnapshot()> fn);
   std::string render() const;
 
@@ -51,6 +52,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   std::map<std::string, uint64_t> finished_;
   uint64_t prompt_tokens_ = 0, prompt_cached_ = 0, completion_tokens_ = 0;
+  double decode_seconds_ = 0;
   Histogram ttft_, itl_, batch_;
   std::function<GaugeSnapshot()> gauges_;
 };

@@ -195,13 +195,14 @@ void Scheduler::decode_batch(const std::vector<Job*>& jobs) {
     batch_tokens_.push_back(j->gen.last_token());
   }
   if (batch_jobs_.empty()) return;
+  const auto t0 = Clock::now();
   try {
     Session::append_batch(batch_sessions_, batch_tokens_);
   } catch (const std::exception& e) {
     for (Job* j : batch_jobs_) finish(*j, e.what());
     return;
   }
-  if (metrics_) metrics_->observe_decode_batch(static_cast<int64_t>(batch_jobs_.size()));
+  if (metrics_) metrics_->observe_decode_batch(static_cast<int64_t>(batch_jobs_.size()), secs(t0, Clock::now()));
   for (Job* j : batch_jobs_) {
     Slot& s = slots_[static_cast<size_t>(j->slot)];
     s.held = static_cast<int64_t>(s.session->tokens().size());

@@ -303,43 +303,58 @@ section(f"concurrency: {N_CLIENTS} clients x {N_PER_CLIENT} requests, each equal
 def req(ci, k):  # even k greedy, odd k seeded sampling
     return dict(model="deepseek-v4", max_tokens=12, temperature=0.0 if k % 2 == 0 else 0.8, seed=1000 * ci + k,
                 messages=[{"role": "user", "content": f"Client {ci} asks question number {k} " + "about x " * (ci % 5)}])
+def run(cl, ci, k, stream):  # half the requests of each phase streamed: the client does the same work in both
+    if stream:
+        return "".join(x.choices[0].delta.content or "" for x in cl.chat.completions.create(stream=True, **req(ci, k)) if x.choices)
+    return cl.chat.completions.create(**req(ci, k)).choices[0].message.content
+def decode_counters():  # (decode rows, batched decode forwards, seconds in those forwards) so far
+    m = metrics()
+    return m["dsv4_decode_batch_size_sum"], m["dsv4_decode_batch_size_count"], m["dsv4_decode_forward_seconds_total"]
 alone, t_alone = {}, 0.0
+c0 = decode_counters()
 for ci in range(N_CLIENTS):
     for k in range(N_PER_CLIENT):
         t = time.time()
-        alone[(ci, k)] = client.chat.completions.create(**req(ci, k)).choices[0].message.content
+        alone[(ci, k)] = run(client, ci, k, k % 2 == 1)
         t_alone += time.time() - t
+c1 = decode_counters()
 together, errors = {}, []
 def worker(ci):
     cl = openai.OpenAI(base_url=MAIN + "/v1", api_key="unused", max_retries=0, timeout=300)
     for k in range(N_PER_CLIENT):
         try:
-            if k % 2:
-                out = "".join(x.choices[0].delta.content or "" for x in cl.chat.completions.create(stream=True, **req(ci, k)) if x.choices)
-            else:
-                out = cl.chat.completions.create(**req(ci, k)).choices[0].message.content
-            together[(ci, k)] = out
+            together[(ci, k)] = run(cl, ci, k, k % 2 == 0)  # the other half: stream == non-stream too
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
-before = metrics()
 t0 = time.time()
 ts = [threading.Thread(target=worker, args=(ci,)) for ci in range(N_CLIENTS)]
 [t.start() for t in ts]
 [t.join() for t in ts]
 t_together = time.time() - t0
+c2 = decode_counters()
 check(not errors, f"concurrent errors: {errors[:3]}")
 mismatch = [k for k in alone if together.get(k) != alone[k]]
 check(not mismatch, f"{len(mismatch)} concurrent responses differ from the same request alone, e.g. {mismatch[:3]}")
-m = metrics()
-rows = m["dsv4_decode_batch_size_sum"] - before["dsv4_decode_batch_size_sum"]
-steps = m["dsv4_decode_batch_size_count"] - before["dsv4_decode_batch_size_count"]
+rows, steps = c2[0] - c1[0], c2[1] - c1[1]
+row_alone = (c1[2] - c0[2]) / max(c1[0] - c0[0], 1)  # decode forward seconds per row, one sequence per forward
+row_together = (c2[2] - c1[2]) / max(rows, 1)
 print(f"concurrency: {len(alone)} requests; sum of single-request times {t_alone:.2f} s, concurrent wall "
-      f"{t_together:.2f} s (speed-up {t_alone / t_together:.2f}x); {rows:.0f} decode rows in {steps:.0f} batched steps "
-      f"(mean batch {rows / max(steps, 1):.1f})", flush=True)
-# Decode steps of concurrent requests share one forward (Session::append_batch), so running them together must beat
-# running them one after another.
+      f"{t_together:.2f} s (speed-up {t_alone / t_together:.2f}x); decode forward per row {1e3 * row_alone:.2f} ms alone, "
+      f"{1e3 * row_together:.2f} ms batched (speed-up {row_alone / max(row_together, 1e-9):.2f}x); {rows:.0f} decode rows "
+      f"in {steps:.0f} batched steps (mean batch {rows / max(steps, 1):.1f})", flush=True)
+# Decode steps of concurrent requests share one forward (Session::append_batch), so each decoded row must cost less
+# than in a forward of its own (the server's own timing of its decode forwards; a quiet 2-core machine measures about
+# 2-4x, a broken batch about 1x). Wall clock also carries the client (16 SDK threads under one GIL, competing with the
+# server for the cores) and the unbatched prefills: measured 1.1-1.4x on a 2-core box, so the concurrent run is only
+# required to beat the sum of single-request times when the per-row margin shows the machine is not starved.
+check(c1[1] - c0[1] == c1[0] - c0[0], "requests run alone decode one row per forward")
 check(rows / max(steps, 1) > 2, "decode steps batched across requests")
-check(t_together < t_alone, "concurrent wall time below the sum of single-request times")
+row_speedup = row_alone / max(row_together, 1e-9)
+check(row_speedup > 1.2, f"a batched decode forward costs less per row than a forward per sequence ({row_speedup:.2f}x)")
+if row_speedup >= 2.5:
+    check(t_together < t_alone, "concurrent wall time below the sum of single-request times")
+else:
+    print(f"(wall-clock check skipped: per-row speed-up {row_speedup:.2f}x < 2.5x, a loaded machine)", flush=True)
 m = metrics()
 check(m["dsv4_slots_busy"] == 0 and m["dsv4_queue_depth"] == 0, "idle after the concurrency run")
 check(m["dsv4_time_to_first_token_seconds_count"] > 0 and m["dsv4_inter_token_latency_seconds_count"] > 0, "histograms")

@@ -68,6 +68,10 @@ void check_tp(const ModelConfig& c, int tp) {
   if (!w.empty()) fail("cannot split this model ", tp, " ways:", w);
 }
 
+KvLayout cuda_kv_layout(const ModelConfig& c) {
+  return {"fp32 (the CUDA backend today)", c.head_dim * 4, c.index_head_dim * 4};
+}
+
 std::vector<KvLayout> kv_layouts() {
   return {{"bf16 (reference)", 1024, 256}, {"fp8 584 B + fp8 indexer 132 B", 584, 132},
           {"fp8 584 B + mxfp4 indexer 68 B (lossless)", 584, 68}};
@@ -81,13 +85,15 @@ MemoryPlan plan_memory(const ModelConfig& c, const std::vector<InventoryTensor>&
   p.max_context = max_context;
   p.sequences = sequences;
   for (const auto& t : inv) {
+    InventoryTensor s = t;
     if (shard_split(t.name) == Split::Replicated) {
       p.weights_replicated += t.bytes();
     } else {
-      InventoryTensor s = t;
       s.shape = shard_shape(t, tp);
       p.weights_sharded += s.bytes();
     }
+    const bool block_scale = ends_with(t.name, ".scale") || ends_with(t.name, ".weight_scale");
+    p.weights_device_per_gpu += block_scale ? static_cast<uint64_t>(s.numel()) * 4 : s.bytes();
   }
   // KV: a single latent head, so every rank holds the whole cache. Compressed entries per token: 1/m per layer.
   double per_token = 0;

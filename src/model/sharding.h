@@ -31,12 +31,17 @@ struct KvLayout {
 // The reference BF16 layout (1024 + 256 B), the FP8 layout with FP8 indexer keys (584 + 132 B), and the lossless
 // compact layout (584 + 68 B MXFP4 indexer keys), MODEL.md §6.1-6.2.
 std::vector<KvLayout> kv_layouts();
+// The layout the CUDA backend uses today: fp32 entries (head_dim x 4 B, index_head_dim x 4 B).
+KvLayout cuda_kv_layout(const ModelConfig& c);
 
 struct MemoryPlan {
   int tp = 1;
   uint64_t weights_replicated = 0;   // bytes every rank holds
   uint64_t weights_sharded = 0;      // bytes of one rank's shards
   uint64_t weights_per_gpu() const { return weights_replicated + weights_sharded; }
+  // What the CUDA backend holds today: block-scale tensors widened to fp32 (4 B per scale instead of 1), everything
+  // else as stored. Its KV state is fp32 too (see cuda_kv_layout).
+  uint64_t weights_device_per_gpu = 0;
   int64_t kv_bytes_per_token = 0;    // compressed KV + indexer keys per context token (replicated on every rank)
   uint64_t kv_fixed_per_sequence = 0;  // window rings + compressor running state (fp32)
   int64_t max_context = 0;

@@ -70,6 +70,19 @@ TEST(Sharding, FitOnH200) {
   EXPECT_LT(plan_memory(pro_config(), pro, 8, 1048576, 1, kv_layouts()[2]).total_per_gpu(), h200);
 }
 
+// The CUDA backend's own footprint (block scales widened to fp32) against what it measured loading synthetic Flash
+// at TP2 on the H200 pair (docs/BENCHMARKS.md, session 2: 85.84 GiB of weights per GPU, MTP block not loaded).
+TEST(Sharding, DevicePlanMatchesTheMeasuredTp2Load) {
+  ReleaseFormat f = ReleaseFormat::instruct();
+  f.with_mtp = false;
+  const auto inv = official_inventory(flash_config(), f);
+  const MemoryPlan p = plan_memory(flash_config(), inv, 2, 8192, 1, cuda_kv_layout(flash_config()));
+  const double gib = p.weights_device_per_gpu / double(1ull << 30);
+  EXPECT_GT(p.weights_device_per_gpu, p.weights_per_gpu());
+  EXPECT_NEAR(gib, 85.84, 0.6) << "device bytes per GPU " << gib << " GiB";
+  EXPECT_EQ(cuda_kv_layout(flash_config()).main_entry_bytes, 2048);
+}
+
 // MODEL.md §6.2: KV bytes per token for each layout.
 TEST(Sharding, KvBytesPerTokenMatchSpec) {
   auto flash = official_inventory(flash_config());

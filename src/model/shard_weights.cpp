@@ -23,26 +23,28 @@ ShardStore& new_store(ModelWeights& keep) {
   return *s;
 }
 
-// The stored extent of logical range [a, b) of a dim whose logical length is `logical` and stored length `stored`
-// (packed FP4 bytes: stored = logical / 2; scale grids: stored = ceil(logical / block)). The slice must fall on whole
-// stored units, or it would cut a tile/block/packed byte.
-std::pair<int64_t, int64_t> stored_range(const TensorView& t, int dim, int64_t a, int64_t b, int64_t logical) {
+// The stored extent of logical range [a, b) of a dim whose logical length is `logical`, when one stored unit covers
+// `per` logical elements (the format says how many: 1 for plain weights, 2 for packed FP4 bytes along the input dim,
+// 128 for FP8 scale tiles, 32/16 for MXFP4/NVFP4 scale blocks along the input dim). The slice must fall on whole
+// stored units, or it would cut a tile/block/packed byte. (Guessing `per` from the two lengths is wrong whenever the
+// dim is not a multiple of the block: 192 rows in 2 FP8 tiles would look like blocks of 96.)
+std::pair<int64_t, int64_t> stored_range(const TensorView& t, int dim, int64_t a, int64_t b, int64_t logical, int64_t per) {
   const int64_t stored = t.dim(dim);
-  if (logical == stored) return {a, b};
-  // Blocks of `per` logical elements per stored unit (a last partial block is only allowed at the very end).
-  const int64_t per = (logical + stored - 1) / stored;
-  if (per * (stored - 1) >= logical && stored != 1) fail(t.name(), ": cannot map ", logical, " elements onto ", stored);
+  if (stored != (logical + per - 1) / per)
+    fail("'", t.name(), "': dim ", dim, " holds ", stored, " units for ", logical, " elements in blocks of ", per);
+  if (per == 1) return {a, b};
   if (a % per != 0 || (b % per != 0 && b != logical))
     fail("tensor-parallel split of '", t.name(), "' at [", a, ", ", b, ") cuts a block of ", per,
          " elements (a 128x128 FP8 scale tile, an FP4 scale block or a packed byte); this model cannot be split this way");
   return {a / per, (b + per - 1) / per};
 }
 
-const TensorView* slice_view(const TensorView* t, int dim, int64_t a, int64_t b, int64_t logical, ShardStore& st) {
+const TensorView* slice_view(const TensorView* t, int dim, int64_t a, int64_t b, int64_t logical, int64_t per,
+                             ShardStore& st) {
   if (!t) return nullptr;
   if (t->ndim() == 0 || (t->ndim() == 1 && t->dim(0) == 1)) return t;  // per-tensor scalars apply to every shard
   if (t->ndim() <= dim) fail("'", t->name(), "' has no dim ", dim, " to split");
-  const auto [s0, s1] = stored_range(*t, dim, a, b, logical);
+  const auto [s0, s1] = stored_range(*t, dim, a, b, logical, per);
   const int64_t rows = t->dim(0);
   const size_t row_bytes = t->nbytes() / static_cast<size_t>(rows);
   ckpt::HeaderEntry e = *t->entry;
@@ -74,8 +76,13 @@ LinearRef slice_linear(const LinearRef& r, int dim, int64_t a, int64_t b, ShardS
   const int64_t logical = dim == 0 ? r.out : r.in;
   if (a < 0 || b > logical || a >= b) fail("'", r.name, "': bad slice [", a, ", ", b, ") of ", logical);
   LinearRef s = r;
-  s.weight = slice_view(r.weight, dim, a, b, logical, st);
-  s.scale = slice_view(r.scale, dim, a, b, logical, st);
+  const bool fp8 = r.fmt == WeightFormat::FP8_E8M0 || r.fmt == WeightFormat::FP8_F32;
+  const bool fp4 = r.fmt == WeightFormat::MXFP4 || r.fmt == WeightFormat::NVFP4;
+  const int64_t fp4_block = r.fmt == WeightFormat::NVFP4 ? 16 : 32;
+  const int64_t w_per = fp4 && dim == 1 ? 2 : 1;                               // packed E2M1 pairs along the input
+  const int64_t s_per = fp8 ? 128 : (fp4 ? (dim == 1 ? fp4_block : 1) : 1);  // FP8 tiles; FP4 blocks per row
+  s.weight = slice_view(r.weight, dim, a, b, logical, w_per, st);
+  s.scale = slice_view(r.scale, dim, a, b, logical, s_per, st);
   (dim == 0 ? s.out : s.in) = b - a;
   return s;
 }
@@ -104,7 +111,7 @@ ModelWeights shard_model_weights(const ModelWeights& w, const ModelConfig& c, in
     cols(L.wo_b);  // row-parallel: partial sums + all-reduce
     if (L.attn_sink) {
       auto [a, b] = part(L.attn_sink->dim(0));
-      L.attn_sink = slice_view(L.attn_sink, 0, a, b, L.attn_sink->dim(0), st);
+      L.attn_sink = slice_view(L.attn_sink, 0, a, b, L.attn_sink->dim(0), 1, st);
     }
     for (ExpertWeights& e : L.experts) rows(e.w1), rows(e.w3), cols(e.w2);
     if (L.shared) rows(L.shared->w1), rows(L.shared->w3), cols(L.shared->w2);

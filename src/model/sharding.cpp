@@ -64,6 +64,7 @@ void check_tp(const ModelConfig& c, int tp) {
   if (c.moe_inter % (static_cast<int64_t>(tp) * 128))
     why << " expert width " << c.moe_inter << " (each shard must be whole 128-wide FP8 tiles / 32-wide FP4 blocks);";
   if ((c.n_heads / tp) * c.head_dim % 128) why << " per-rank wq_b rows not a multiple of 128;";
+  if (tp > 1 && (c.o_groups / tp) * c.o_lora_rank % 128) why << " per-rank wo_a rows not a multiple of 128 (FP8 tiles);";
   std::string w = why.str();
   if (!w.empty()) fail("cannot split this model ", tp, " ways:", w);
 }

@@ -118,6 +118,26 @@ TEST(ShardWeights, RefusesSplitsThatCutTilesOrHeads) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layers.0.attn.wq_b"), std::string::npos) << e.what();
   }
+  // A dim that is not a multiple of the FP8 tile: 192 rows in 2 scale rows. Splitting at 96 would hand rank 1 rows
+  // 96..127 with tile 1's scale; it must be refused (and 128 is a legal cut).
+  {
+    std::vector<uint8_t> w(192 * 128, 0x38), sc(2, 127);
+    ckpt::Checkpoint ck = ckpt::Checkpoint::in_memory(
+        "mem", {{"x.weight", ckpt::DType::F8_E4M3, {192, 128}, 0, 192 * 128}, {"x.scale", ckpt::DType::F8_E8M0, {2, 1}, 0, 2}},
+        {w.data(), sc.data()});
+    LinearRef r;
+    r.name = "x";
+    r.fmt = WeightFormat::FP8_E8M0;
+    r.out = 192, r.in = 128;
+    r.weight = &ck.get("x.weight");
+    r.scale = &ck.get("x.scale");
+    ModelWeights keep;
+    EXPECT_THROW(slice_linear_rows(r, 96, 192, keep), Error);
+    const LinearRef ok = slice_linear_rows(r, 128, 192, keep);
+    EXPECT_EQ(ok.out, 64);
+    EXPECT_EQ(ok.scale->dim(0), 1);
+    EXPECT_EQ(ok.scale->data, sc.data() + 1);
+  }
   // TP 1 is the identity.
   ModelWeights one = shard_model_weights(t->w, t->cfg, 0, 1);
   EXPECT_EQ(one.layers[0].wq_b.weight, t->w.layers[0].wq_b.weight);

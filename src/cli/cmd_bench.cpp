@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "model/shard_weights.h"
+#include "model/sharding.h"
 #include "model/synthetic_weights.h"
 
 namespace {
@@ -36,12 +37,14 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Bytes a linear occupies on the device: stored weight + fp32-widened block scales (what the kernels stream).
+// Bytes a linear occupies on the device: stored weight + fp32-widened block scales (what the kernels stream), on one
+// tensor-parallel rank (a split linear holds 1/tp of it; model/sharding.h decides which are split).
+int g_tp = 1;
 uint64_t device_bytes(const dsv4::LinearRef& r) {
   if (!r.weight) return 0;
   uint64_t b = r.weight->nbytes();
   if (r.scale) b += static_cast<uint64_t>(r.scale->numel()) * 4;
-  return b;
+  return dsv4::shard_split(r.name + ".weight") == dsv4::Split::Replicated ? b : b / static_cast<uint64_t>(g_tp);
 }
 uint64_t f32_bytes(const dsv4::TensorView* t) { return t ? static_cast<uint64_t>(t->numel()) * 4 : 0; }
 
@@ -176,10 +179,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (int i = 0; i < 3; ++i) step(dec_prof, false);
   const auto prof = dsv4::cuda_op_profile(*be);
   dsv4::cuda_set_op_profiling(*be, false);
+  // The two collectives of a layer: wo_b's [hidden] and the experts' [k + 1, hidden] (per-expert partials).
   const double allreduce_us = tp > 1 ? dsv4::cuda_allreduce_us(*be, static_cast<size_t>(cfg.hidden)) : 0.0;
+  const double allreduce_moe_us =
+      tp > 1 ? dsv4::cuda_allreduce_us(*be, static_cast<size_t>(cfg.hidden) * (cfg.n_experts_per_tok + 1)) : 0.0;
 
   // Bytes per decode token on rank 0 (its shards), at the middle of the timed steps.
-  const dsv4::ModelWeights w0 = dsv4::shard_model_weights(model.weights(), cfg, 0, tp);
+  g_tp = tp;
+  const dsv4::ModelWeights& w0 = model.weights();  // full weights; device_bytes() takes one rank's share
   StepBytes total;
   for (const auto& L : w0.layers) {
     const StepBytes b = layer_bytes(cfg, L, context + steps);
@@ -189,7 +196,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const uint64_t head_bytes = device_bytes(w0.head);
   const double step_us = median(t_layers), full_us = median(t_full);
   const int collectives = 2 * layers;
-  const double bound_us = (total.weights + total.kv) / bw * 1e6 + allreduce_us * collectives;
+  const double bound_us = (total.weights + total.kv) / bw * 1e6 + (allreduce_us + allreduce_moe_us) * layers;
   const double per_layer_us = step_us / layers, per_layer_bound = bound_us / layers;
   const double head_us = full_us - step_us;
   const double prefill_tps = prompt / prefill_s;
@@ -200,19 +207,22 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("dsv4 bench --synthetic %s --layers %d --context %lld --prompt %lld --tp %d (%s, official numerics)\n",
               which.c_str(), layers, (long long)context, (long long)prompt, tp, format.c_str());
   std::printf("  streaming-read bandwidth     %8.0f GB/s (cuda:0)\n", bw / 1e9);
-  if (tp > 1) std::printf("  ncclAllReduce %lld B        %8.1f us (back to back, %d per step)\n", (long long)cfg.hidden * 4, allreduce_us, collectives);
+  if (tp > 1)
+    std::printf("  ncclAllReduce %lld B / %lld B  %6.1f / %.1f us (back to back; %d of each per step)\n",
+                (long long)cfg.hidden * 4, (long long)cfg.hidden * 4 * (cfg.n_experts_per_tok + 1), allreduce_us,
+                allreduce_moe_us, collectives / 2);
   std::printf("  decode step, %d layers, no head  %8.1f us  (median of %d graph replays)\n", layers, step_us, steps);
   std::printf("    bytes per step per GPU     %8.1f MB weights + %.1f MB KV (fp32 KV layout)\n", total.weights / 1e6, total.kv / 1e6);
   std::printf("    bound                      %8.1f us  -> %.2fx the bound (%.0f%% of bandwidth)\n", bound_us,
               step_us / bound_us, 100.0 * bound_us / step_us);
   std::printf("    per layer                  %8.1f us  (bound %.1f us)\n", per_layer_us, per_layer_bound);
   std::printf("  decode step with LM head     %8.1f us  (head + logits copy %.1f us; head %.0f MB)\n", full_us, head_us, head_bytes / 1e6);
-  std::printf("  -> %d layers: %.1f tok/s; extrapolated to %d layers: %.1f tok/s\n", layers, 1e6 / full_us, full.n_layers,
-              1e6 / full_depth_step_us);
+  std::printf("  -> %d layers: %.1f tok/s; extrapolated to %d layers: %.1f tok/s (this run's layer mix scaled)\n", layers,
+              1e6 / full_us, full.n_layers, 1e6 / full_depth_step_us);
   std::printf("  prefill %lld tokens (chunk %d) %8.2f s = %.0f tok/s; extrapolated to %d layers: %.0f tok/s\n",
               (long long)prompt, chunk, prefill_s, prefill_tps, full.n_layers, prefill_tps_full);
   std::printf("  decode time by op (rank 0, one step, events in the graph%s):\n",
-              tp > 1 ? "; an op's all-reduce runs at its NCCL group end and is counted in the next op" : "");
+              tp > 1 ? "; the all-reduces and their follow-up kernels run between ops and are in none of them" : "");
   double prof_total = 0;
   for (const auto& [n, ms] : prof) prof_total += ms;
   for (const auto& [n, ms] : prof)
@@ -220,7 +230,7 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   nlohmann::json j = {{"model", which}, {"format", format}, {"layers", layers}, {"tp", tp}, {"context", context},
                       {"prompt", prompt}, {"chunk", chunk}, {"bandwidth_gbs", bw / 1e9},
-                      {"allreduce_us", allreduce_us}, {"decode_step_us", step_us}, {"decode_step_with_head_us", full_us},
+                      {"allreduce_us", allreduce_us}, {"allreduce_moe_us", allreduce_moe_us}, {"decode_step_us", step_us}, {"decode_step_with_head_us", full_us},
                       {"decode_bound_us", bound_us}, {"decode_fraction_of_bound", bound_us / step_us},
                       {"per_layer_us", per_layer_us}, {"per_layer_bound_us", per_layer_bound},
                       {"weight_bytes_per_step", total.weights}, {"kv_bytes_per_step", total.kv},

@@ -654,6 +654,7 @@ class CudaBackend final : public Backend {
     g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
     g.round_bf16 = official_;
     cuda::linear(L.wo_a, g, s_);
+    if (tp_ > 1) no_collective_pending();
     // TP: wo_b is row-parallel. Each rank's partial sum stays fp32; the BF16 rounding TP1 applies to the whole sum
     // runs after the all-reduce (finish_collective), so TP changes nothing but the fp32 summation order.
     lin(L.wo_b, z, n, out, tp_ == 1);
@@ -702,6 +703,7 @@ class CudaBackend final : public Backend {
       cuda::qa8_rows(a.act, n * k, I, q, s_);
       a.act_q = q;
     }
+    if (tp_ > 1) no_collective_pending();
     // TP: the k expert outputs and the shared expert's sit in one buffer [n, k + 1, d] so that one all-reduce sums
     // all their partials before the per-expert BF16 rounding TP1 applies (finish_collective).
     float* ybuf = scratch(19, static_cast<size_t>(n) * (k + 1) * d);
@@ -712,17 +714,17 @@ class CudaBackend final : public Backend {
     float* ys = nullptr;
     if (L.has_shared) {
       const int64_t Is = L.sw1.out;
-      const float* xs = official_ && L.sw1.low_precision() ? qa8_x() : x;
+      auto input_for = [&](const DevLinear& W) { return official_ && W.low_precision() ? qa8_x() : x; };
       float *g, *u;
-      if (n == 1 && L.sw13.w) {  // one GEMV over the stored w1|w3 pair
+      if (n == 1 && L.sw13.w) {  // one GEMV over the stored w1|w3 pair (same format by construction)
         g = scratch(20, static_cast<size_t>(2 * Is));
         u = g + Is;
-        lin_pre(L.sw13, xs, 1, g);
+        lin_pre(L.sw13, input_for(L.sw13), 1, g);
       } else {
         g = scratch(20, static_cast<size_t>(n) * Is);
         u = scratch(21, static_cast<size_t>(n) * Is);
-        lin_pre(L.sw1, xs, n, g);
-        lin_pre(L.sw3, xs, n, u);
+        lin_pre(L.sw1, input_for(L.sw1), n, g);
+        lin_pre(L.sw3, input_for(L.sw3), n, u);
       }
       cuda::swiglu(g, u, static_cast<int64_t>(n) * Is, static_cast<float>(c_.swiglu_limit), official_, g, s_);
       ys = tp_ == 1 ? scratch(22, static_cast<size_t>(n) * d) : ybuf + static_cast<size_t>(n) * k * d;
@@ -851,6 +853,7 @@ class CudaBackend final : public Backend {
       plain(head_, h, n, logits);
       return;
     }
+    no_collective_pending();
     // Vocabulary-parallel head: this rank's [n, V/tp] slice, gathered from every rank as [tp][n][V/tp] (gather_logits
     // interleaves it into [n, V] after the collective has been issued).
     const int64_t Vl = head_.out;
@@ -878,6 +881,12 @@ class CudaBackend final : public Backend {
 
  private:
   int heads() const { return c_.n_heads / tp_; }
+  // TP: an op that ends with a collective may only start once the previous one was finished (finish_collective /
+  // gather_logits after its NCCL group); otherwise its post-collective work would be silently dropped.
+  void no_collective_pending() const {
+    if (pending_.kind != Pending::None || gathered_)
+      fail("CUDA backend rank ", rank_, ": a collective op started before the previous one was finished");
+  }
 #if DSV4_HAVE_NCCL
   ncclComm_t comm() const { return static_cast<ncclComm_t>(opts_.nccl_comm); }
   static void nccl(ncclResult_t r, const char* what) {
@@ -1045,8 +1054,10 @@ class CudaBackend final : public Backend {
       g.prof[i].name = name;
       b->record(g.prof[i].begin);
     }
-    ~OpScope() {
-      if (i != SIZE_MAX && b->step_) b->record(b->step_->prof[i].end);
+    ~OpScope() {  // no throwing from a destructor: a failed record only loses this op's timing
+      if (i == SIZE_MAX || !b->step_) return;
+      const cudaEvent_t e = b->step_->prof[i].end;
+      (void)(b->capturing_ ? cudaEventRecordWithFlags(e, b->s_, cudaEventRecordExternal) : cudaEventRecord(e, b->s_));
     }
   };
   void record(cudaEvent_t e) {

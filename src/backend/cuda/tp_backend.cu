@@ -100,11 +100,17 @@ class TpBackend final : public Backend {
         nccl_check(ncclCommInitRank(&comms_[static_cast<size_t>(r)], n, id, r), "ncclCommInitRank");
       }
     }
-    for (int r = 0; r < n; ++r) {
-      CudaOptions o = opts;
-      o.device = devices[static_cast<size_t>(r)];
-      o.tp_rank = r, o.tp_size = n, o.nccl_comm = comms_[static_cast<size_t>(r)];
-      ranks_.push_back(make_cuda_backend(o));
+    try {
+      for (int r = 0; r < n; ++r) {
+        CudaOptions o = opts;
+        o.device = devices[static_cast<size_t>(r)];
+        o.tp_rank = r, o.tp_size = n, o.nccl_comm = comms_[static_cast<size_t>(r)];
+        ranks_.push_back(make_cuda_backend(o));
+      }
+    } catch (...) {
+      for (size_t r = 0; r < ranks_.size(); ++r) cudaSetDevice(devices_[r]), ranks_[r].reset();
+      for (auto c : comms_) ncclCommDestroy(c);
+      throw;
     }
   }
   ~TpBackend() override {
@@ -240,18 +246,30 @@ class TpBackend final : public Backend {
   }
 
   // Every rank records/replays its own graph of the step; they must agree on the mode (same history, same keys).
+  // If a rank throws or disagrees, the ranks already started are ended (a capture is discarded); one that already
+  // launched its recorded step has NCCL kernels waiting for peers that will never come, so the communicators are
+  // aborted then (the error reaches the user instead of a hang).
   StepMode begin_decode_step(const void* buffers, SequenceState& st, int64_t pos, bool head) override {
-    StepMode mode = StepMode::Eager;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      on(r);
-      const StepMode m = ranks_[r]->begin_decode_step(buffers, seq(st, r), pos, head);
-      if (r == 0) mode = m;
-      else if (m != mode) {
-        for (size_t q = 0; q <= r; ++q) on(q), ranks_[q]->end_decode_step(false);
-        fail("tensor-parallel ranks disagree on the decode-step mode (rank ", r, ")");
+    if (aborted_) fail("tensor-parallel backend: unusable after an earlier error aborted its NCCL communicators");
+    std::vector<StepMode> modes;
+    try {
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        on(r);
+        modes.push_back(ranks_[r]->begin_decode_step(buffers, seq(st, r), pos, head));
+        if (modes.back() != modes.front())
+          fail("tensor-parallel ranks disagree on the decode-step mode (rank ", r, ")");
       }
+    } catch (...) {
+      bool launched = false;
+      for (size_t q = 0; q < modes.size(); ++q) {
+        launched |= modes[q] == StepMode::Replay;
+        on(q);
+        ranks_[q]->end_decode_step(false);
+      }
+      if (launched) abort_all();
+      throw;
     }
-    return mode;
+    return modes.front();
   }
   void end_decode_step(bool completed) override {
     for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->end_decode_step(completed);

@@ -24,16 +24,6 @@ int gpus() {
   return n;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 double top1_agreement(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
   const size_t T = a.size() / V;
   size_t same = 0;

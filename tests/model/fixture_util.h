@@ -70,4 +70,15 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
   return m;
 }
 
+// Relative L2 distance ||got - ref|| / ||ref|| (double accumulation), for logits comparisons.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
 }  // namespace dsv4::test

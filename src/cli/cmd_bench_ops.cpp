@@ -147,7 +147,8 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     for (int e = 0; e < E; ++e) {
       auto& t = table[e];
       t.w1 = dev.alloc(size_t(I) * d / 2, 0x22), t.w3 = dev.alloc(size_t(I) * d / 2, 0x22), t.w2 = dev.alloc(size_t(d) * I / 2, 0x22);
-      t.s1 = dev.f32(size_t(I) * d / 32, 1.0f), t.s3 = dev.f32(size_t(I) * d / 32, 1.0f), t.s2 = dev.f32(size_t(d) * I / 32, 1.0f);
+      // E8M0 block scales as stored (127 = 1.0).
+      t.s1 = dev.alloc(size_t(I) * d / 32, 127), t.s3 = dev.alloc(size_t(I) * d / 32, 127), t.s2 = dev.alloc(size_t(d) * I / 32, 127);
     }
     auto* dtable = static_cast<cu::DevExpert*>(dev.alloc(sizeof(cu::DevExpert) * E, 0));
     DSV4_CU(cudaMemcpy(dtable, table.data(), sizeof(cu::DevExpert) * E, cudaMemcpyHostToDevice));
@@ -166,8 +167,8 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     cu::ExpertArgs a;
     a.table = dtable, a.fmt = dsv4::WeightFormat::MXFP4, a.d = d, a.I = I, a.sb1 = d / 32, a.sb2 = I / 32;
     a.x = x, a.n = 1, a.k = k, a.wts = wts, a.limit = 10.0f, a.act = act, a.act_q = act, a.y = y;
-    const double gate_bytes = k * (2.0 * I * d / 2 + 2.0 * I * d / 32 * 4);
-    const double down_bytes = k * (double(d) * I / 2 + double(d) * I / 32 * 4);
+    const double gate_bytes = k * (2.0 * I * d / 2 + 2.0 * I * d / 32);
+    const double down_bytes = k * (double(d) * I / 2 + double(d) * I / 32);
     const double us_gu = time_us([&](int i) { a.sel = sels + (i % 40) * k; cu::expert_gate_up(a, nullptr); }, reps);
     const double us_dn = time_us([&](int i) { a.sel = sels + (i % 40) * k; cu::expert_down(a, nullptr); }, reps);
     const double us_rd = time_us([&](int) { cu::moe_reduce(y, nullptr, 1, k, d, true, out, nullptr); }, reps);

@@ -43,10 +43,10 @@ int cmd_plan(const std::vector<std::string>& args) {
                 (long long)p.kv_bytes_per_token, to_gib(p.total_per_gpu()), ok ? "fits" : "DOES NOT FIT");
     fits &= ok;
   }
-  // What the CUDA backend holds today (fp32 block scales, fp32 KV), which is what it checks before loading.
+  // What the CUDA backend holds today (fp32 FP8 block scales, fp32 KV), which is what it checks before loading.
   const dsv4::MemoryPlan d = dsv4::plan_memory(c, inv, tp, max_context, sequences, dsv4::cuda_kv_layout(c));
   const double today = to_gib(d.weights_device_per_gpu) + to_gib(d.kv_per_gpu());
-  std::printf("  CUDA backend today: weights %.2f GiB (block scales as fp32) + KV %.2f GiB (%s, %lld B/token) = %.2f GiB/GPU %s\n",
+  std::printf("  CUDA backend today: weights %.2f GiB (FP8 block scales as fp32) + KV %.2f GiB (%s, %lld B/token) = %.2f GiB/GPU %s\n",
               to_gib(d.weights_device_per_gpu), to_gib(d.kv_per_gpu()), dsv4::cuda_kv_layout(c).name,
               (long long)d.kv_bytes_per_token, today, today <= gpu_gib ? "fits" : "DOES NOT FIT");
   std::printf("  all-reduces per layer: %d\n", tp > 1 ? 2 : 0);

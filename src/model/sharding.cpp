@@ -1,5 +1,6 @@
 #include "model/sharding.h"
 
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -85,6 +86,14 @@ MemoryPlan plan_memory(const ModelConfig& c, const std::vector<InventoryTensor>&
   p.tp = tp;
   p.max_context = max_context;
   p.sequences = sequences;
+  // FP4 weights (packed E2M1 bytes, I8/U8) keep their block scales as stored on the CUDA backend; FP8 ones widen to fp32.
+  std::set<std::string> fp4_weights;
+  for (const auto& t : inv)
+    if (t.dtype == ckpt::DType::I8 || t.dtype == ckpt::DType::U8) fp4_weights.insert(t.name);
+  auto weight_of = [](const std::string& scale) {
+    const std::string sfx = ends_with(scale, ".weight_scale") ? ".weight_scale" : ".scale";
+    return scale.substr(0, scale.size() - sfx.size()) + ".weight";
+  };
   for (const auto& t : inv) {
     InventoryTensor s = t;
     if (shard_split(t.name) == Split::Replicated) {
@@ -94,7 +103,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const std::vector<InventoryTensor>&
       p.weights_sharded += s.bytes();
     }
     const bool block_scale = ends_with(t.name, ".scale") || ends_with(t.name, ".weight_scale");
-    p.weights_device_per_gpu += block_scale ? static_cast<uint64_t>(s.numel()) * 4 : s.bytes();
+    const bool widened = block_scale && !fp4_weights.count(weight_of(t.name));
+    p.weights_device_per_gpu += widened ? static_cast<uint64_t>(s.numel()) * 4 : s.bytes();
   }
   // KV: a single latent head, so every rank holds the whole cache. Compressed entries per token: 1/m per layer.
   double per_token = 0;

@@ -39,8 +39,8 @@ struct MemoryPlan {
   uint64_t weights_replicated = 0;   // bytes every rank holds
   uint64_t weights_sharded = 0;      // bytes of one rank's shards
   uint64_t weights_per_gpu() const { return weights_replicated + weights_sharded; }
-  // What the CUDA backend holds today: block-scale tensors widened to fp32 (4 B per scale instead of 1), everything
-  // else as stored. Its KV state is fp32 too (see cuda_kv_layout).
+  // What the CUDA backend holds today: FP8 block-scale tensors widened to fp32 (4 B per scale instead of 1), FP4 block
+  // scales and everything else as stored. Its KV state is fp32 too (see cuda_kv_layout).
   uint64_t weights_device_per_gpu = 0;
   int64_t kv_bytes_per_token = 0;    // compressed KV + indexer keys per context token (replicated on every rank)
   uint64_t kv_fixed_per_sequence = 0;  // window rings + compressor running state (fp32)

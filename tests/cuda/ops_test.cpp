@@ -245,7 +245,7 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) {
     d1.push_back(cu::upload_linear(w1.back()->ref));
     d3.push_back(cu::upload_linear(w3.back()->ref));
     d2.push_back(cu::upload_linear(w2.back()->ref));
-    table.push_back(cu::DevExpert{d1.back().w, d3.back().w, d2.back().w, d1.back().scale, d3.back().scale, d2.back().scale});
+    table.push_back(cu::make_dev_expert(d1.back(), d3.back(), d2.back()));
   }
   DBuf<cu::DevExpert> dtable(table);
   vector<float> x = randn(static_cast<size_t>(n * d), g, 0.05f);

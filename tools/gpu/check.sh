@@ -8,7 +8,8 @@
 # (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer; GTEST_FILTER selects
 # test_cuda tests (default: all but the CPU-only NoiseFloor.*); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
-# and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips). With 2+ GPUs the TP tests are required to run.
+# and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420). With 2+ GPUs
+# the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -125,7 +126,7 @@ if [ "$BENCH_SYNTH" != none ]; then
   for b in "${benches[@]}"; do
     i=$((i + 1))
     # shellcheck disable=SC2086
-    step "synth$i" 420 "$DSV4" bench --synthetic $b --json "$OUT/synth$i.json"
+    step "synth$i" "${SYNTH_TIMEOUT:-420}" "$DSV4" bench --synthetic $b --json "$OUT/synth$i.json"
     { echo "\$ dsv4 bench --synthetic $b"; grep -v '^\[bench\]' "$OUT/synth$i.log" | grep -v '^{'; } >> "$SUMMARY"
   done
 fi

@@ -53,18 +53,19 @@ class DevHeap {
     DevLinear l = cuda::upload_linear(r);
     ptrs_.push_back(const_cast<void*>(l.w));
     if (l.scale) ptrs_.push_back(const_cast<float*>(l.scale));
+    if (l.scale8) ptrs_.push_back(const_cast<uint8_t*>(l.scale8));
     bytes_ += l.weight_bytes();
     return l;
   }
   // Frees a linear uploaded by linear() (its memory moved into a pair).
   void release(DevLinear& l) {
-    for (const void* p : {static_cast<const void*>(l.w), static_cast<const void*>(l.scale)}) {
+    for (const void* p : {static_cast<const void*>(l.w), static_cast<const void*>(l.scale), static_cast<const void*>(l.scale8)}) {
       if (!p) continue;
       auto it = std::find(ptrs_.begin(), ptrs_.end(), const_cast<void*>(p));
       if (it != ptrs_.end()) ptrs_.erase(it), cudaFree(const_cast<void*>(p));
     }
     bytes_ -= l.weight_bytes();
-    l.w = nullptr, l.scale = nullptr;
+    l.w = nullptr, l.scale = nullptr, l.scale8 = nullptr;
   }
   uint64_t bytes() const { return bytes_; }  // everything allocated through this heap
 
@@ -77,7 +78,7 @@ class DevHeap {
     b = linear(rb);
     const bool fp8 = a.fmt == WeightFormat::FP8_E8M0 || a.fmt == WeightFormat::FP8_F32;
     const bool fp4 = a.fmt == WeightFormat::MXFP4 || a.fmt == WeightFormat::NVFP4;
-    if (a.fmt != b.fmt || a.in != b.in || a.sb_cols != b.sb_cols || (fp8 && a.out % 128 != 0)) return;
+    if (a.fmt != b.fmt || a.in != b.in || a.sb_cols != b.sb_cols || (fp8 && a.out % 128 != 0) || a.scale2 != b.scale2) return;
     auto data_bytes = [&](const DevLinear& l) -> size_t {
       const int64_t e = l.out * l.in;
       return static_cast<size_t>(fp8 ? e : fp4 ? e / 2 : (l.fmt == WeightFormat::F32 ? e * 4 : e * 2));
@@ -92,16 +93,22 @@ class DevHeap {
     DSV4_CU(cudaMemcpy(w, a.w, wa, cudaMemcpyDeviceToDevice));
     DSV4_CU(cudaMemcpy(w + wa, b.w, wb, cudaMemcpyDeviceToDevice));
     pair.w = w;
-    float* sc = nullptr;
+    const size_t es = fp4 ? 1 : 4;  // FP4 scales stay bytes, FP8 scales are fp32
+    uint8_t* sc = nullptr;
     if (sa + sbc > 0) {
-      sc = static_cast<float*>(alloc((sa + sbc) * 4));
-      DSV4_CU(cudaMemcpy(sc, a.scale, sa * 4, cudaMemcpyDeviceToDevice));
-      DSV4_CU(cudaMemcpy(sc + sa, b.scale, sbc * 4, cudaMemcpyDeviceToDevice));
+      sc = static_cast<uint8_t*>(alloc((sa + sbc) * es));
+      DSV4_CU(cudaMemcpy(sc, a.scales(), sa * es, cudaMemcpyDeviceToDevice));
+      DSV4_CU(cudaMemcpy(sc + sa * es, b.scales(), sbc * es, cudaMemcpyDeviceToDevice));
     }
-    pair.scale = sc;
+    auto set_scales = [&](DevLinear& l, uint8_t* p) {
+      l.scale = fp4 || !p ? nullptr : reinterpret_cast<const float*>(p);
+      l.scale8 = fp4 ? p : nullptr;
+    };
+    set_scales(pair, sc);
     release(a), release(b);
-    a.w = w, a.scale = sc;
-    b.w = w + wa, b.scale = sc ? sc + sa : nullptr;
+    a.w = w, b.w = w + wa;
+    set_scales(a, sc);
+    set_scales(b, sc ? sc + sa * es : nullptr);
   }
 
  private:
@@ -370,13 +377,15 @@ class CudaBackend final : public Backend {
   }
 
   // The memory plan before anything is uploaded: the weights as the device will hold them (stored bytes, block
-  // scales widened to fp32, small tensors as fp32) against the free memory, with 1 GiB kept for workspaces.
+  // scales widened to fp32 for FP8 and kept as bytes for FP4, small tensors as fp32) against the free memory, with 1 GiB
+  // kept for workspaces.
   void check_fits(const ModelWeights& w) const {
     uint64_t need = w.embed->nbytes();
     for (const LinearRef* r : w.all_linears()) {
       if (!r->weight) continue;
       need += r->weight->nbytes();
-      if (r->scale) need += static_cast<uint64_t>(r->scale->numel()) * 4;
+      const bool fp4 = r->fmt == WeightFormat::MXFP4 || r->fmt == WeightFormat::NVFP4;
+      if (r->scale) need += static_cast<uint64_t>(r->scale->numel()) * (fp4 ? 1 : 4);
     }
     need += need / 100;  // norms, mHC mixes, RoPE tables, expert tables: well under 1 %
     size_t free_b = 0, total_b = 0;
@@ -968,7 +977,7 @@ class CudaBackend final : public Backend {
           w2.sb_cols != L.esb2)
         fail("layer ", lw.index, ": routed experts mix storage formats (expert ", e, " is ", weight_format_name(w1.fmt),
              "); the CUDA expert kernel needs one format per layer");
-      table.push_back(cuda::DevExpert{w1.w, w3.w, w2.w, w1.scale, w3.scale, w2.scale});
+      table.push_back(cuda::make_dev_expert(w1, w3, w2));
     }
     if (static_cast<int>(table.size()) != c_.n_routed_experts)
       fail("layer ", lw.index, ": ", table.size(), " routed experts loaded, config says ", c_.n_routed_experts);

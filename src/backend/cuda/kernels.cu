@@ -91,17 +91,31 @@ inline unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n
 // The scale is applied per element exactly like dequantize_rows (decode(w) * s in fp32).
 struct WRow {
   const void* w;
-  const float* sc;
+  const void* sc;  // fp32 (FP8) or one byte per block (FP4), see DevLinear
+  float g;         // NVFP4 global scale
   int64_t in, sb;
   int blk;
 };
+
+// FP4 block scale i of a row: E8M0 for 32-blocks (MXFP4), E4M3 x the global for 16-blocks (NVFP4); the same fp32
+// values the CPU dequantizer multiplies by (E8M0 byte 255 is refused at upload).
+__device__ __forceinline__ float e8m0_dev(uint32_t b) { return __uint_as_float(b ? b << 23 : 0x00400000u); }
+__device__ __forceinline__ float e4m3_dev(uint32_t b) {
+  __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+  return __half2float(*reinterpret_cast<__half*>(&hr));
+}
+__device__ __forceinline__ float fp4_scale_dec(uint32_t b, int blk, float g) { return blk == 16 ? e4m3_dev(b) * g : e8m0_dev(b); }
+__device__ __forceinline__ float fp4_scale(const void* sc, int64_t i, int blk, float g) {
+  return fp4_scale_dec(static_cast<const uint8_t*>(sc)[i], blk, g);
+}
+__device__ __forceinline__ float fp8_scale(const void* sc, int64_t i) { return static_cast<const float*>(sc)[i]; }
 
 template <int F>
 __device__ __forceinline__ void load8(const WRow& W, int64_t r, int64_t k, float* v, const float* lut) {
   if constexpr (F == kFP8) {
     const uint8_t* p = static_cast<const uint8_t*>(W.w) + r * W.in + k;
     const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
-    const float s = W.sc[(r >> 7) * W.sb + (k >> 7)];
+    const float s = fp8_scale(W.sc, (r >> 7) * W.sb + (k >> 7));
     const uint32_t words[2] = {q.x, q.y};
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -115,7 +129,7 @@ __device__ __forceinline__ void load8(const WRow& W, int64_t r, int64_t k, float
   } else if constexpr (F == kFP4) {
     const uint8_t* p = static_cast<const uint8_t*>(W.w) + r * (W.in / 2) + k / 2;
     const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(p));
-    const float s = W.sc[r * W.sb + k / W.blk];
+    const float s = fp4_scale(W.sc, r * W.sb + k / W.blk, W.blk, W.g);  // 8 values never straddle a 16-block
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = lut[(q >> (4 * j)) & 0xFu] * s;
   } else if constexpr (F == kBF16 || F == kF16) {
@@ -149,10 +163,10 @@ __device__ __forceinline__ float load1(const WRow& W, int64_t r, int64_t k, cons
   if constexpr (F == kFP8) {
     const uint8_t b = static_cast<const uint8_t*>(W.w)[r * W.in + k];
     __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
-    return __half2float(*reinterpret_cast<__half*>(&hr)) * W.sc[(r >> 7) * W.sb + (k >> 7)];
+    return __half2float(*reinterpret_cast<__half*>(&hr)) * fp8_scale(W.sc, (r >> 7) * W.sb + (k >> 7));
   } else if constexpr (F == kFP4) {
     const uint8_t b = static_cast<const uint8_t*>(W.w)[r * (W.in / 2) + k / 2];
-    return lut[(k & 1) ? (b >> 4) : (b & 0xF)] * W.sc[r * W.sb + k / W.blk];
+    return lut[(k & 1) ? (b >> 4) : (b & 0xF)] * fp4_scale(W.sc, r * W.sb + k / W.blk, W.blk, W.g);
   } else if constexpr (F == kBF16) {
     return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(W.w)[r * W.in + k]) << 16);
   } else if constexpr (F == kF16) {
@@ -220,7 +234,7 @@ __global__ void __launch_bounds__(256) linear_kernel(WRow W, int64_t out, Linear
     for (int t = 0; t < nt; ++t) a.y[static_cast<int64_t>(t0 + t) * a.ldy + r] = a.round_bf16 ? bf16r(acc[t]) : acc[t];
 }
 
-WRow wrow(const DevLinear& W) { return WRow{W.w, W.scale, W.in, W.sb_cols, fp4_block(W.fmt)}; }
+WRow wrow(const DevLinear& W) { return WRow{W.w, W.scales(), W.scale2, W.in, W.sb_cols, fp4_block(W.fmt)}; }
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void qa8_kernel(const float* x, int64_t len, float* out) {
@@ -295,7 +309,8 @@ __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int3
 
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices of the hc*d streams, tokens), each block
+// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices of the hc*d streams, tokens, groups of 8 mix
+// rows), each block
 // streams its slice of the nmix rows of fn once and writes partial dot products plus the partial sum of squares;
 // (2) hc_finish_kernel: one block per token sums the partials in slice order (double), runs the sigmoids and the
 // Sinkhorn iterations in one warp (lane = matrix element, same float operation order as the CPU), then collapses the
@@ -305,42 +320,37 @@ constexpr int kHcMaxMix = 32;
 
 __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
   pdl_wait();
-  __shared__ float red[4][kHcMaxMix + 1];
-  const int sl = blockIdx.x, t = blockIdx.y;
+  // grid (slices, tokens, mix-row groups of 8): the 1.5 MB of fn is streamed by 3x more blocks than slices alone would
+  // give, each thread with its 8 float4 loads in flight (the v2 kernel was latency-bound at 32 blocks).
+  __shared__ float red[4][9];
+  const int sl = blockIdx.x, t = blockIdx.y, rb = blockIdx.z * 8;
   const int64_t nf = a.hc * a.d;
   const float* Xt = a.X + t * nf;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float xv[4];
-  int64_t jj[4];
-  float ss = 0.0f;
+  const int64_t j = static_cast<int64_t>(sl) * kHcSlice + threadIdx.x * 4;
+  const bool inb = j < nf;
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 f[8];
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    jj[m] = static_cast<int64_t>(sl) * kHcSlice + threadIdx.x + 128 * m;
-    xv[m] = jj[m] < nf ? Xt[jj[m]] : 0.0f;
-    ss += xv[m] * xv[m];
-  }
+  for (int r = 0; r < 8; ++r)
+    f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + j)) : z4;
+  const float4 xv = inb ? *reinterpret_cast<const float4*>(Xt + j) : z4;
+  float ss = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
   ss = warp_sum(ss);
-  if (lane == 0) red[warp][kHcMaxMix] = ss;
-  // Fully unrolled (nmix <= 32: at most 4 passes) so that every pass's loads are issued before the first reduction.
+  if (lane == 0) red[warp][8] = ss;
 #pragma unroll
-  for (int r0 = 0; r0 < kHcMaxMix; r0 += 8) {
-    float f[8][4];
-#pragma unroll
-    for (int r = 0; r < 8; ++r)
-#pragma unroll
-      for (int m = 0; m < 4; ++m) f[r][m] = (r0 + r < nmix && jj[m] < nf) ? __ldg(a.fn + (r0 + r) * nf + jj[m]) : 0.0f;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      float s = f[r][0] * xv[0] + f[r][1] * xv[1] + f[r][2] * xv[2] + f[r][3] * xv[3];
-      s = warp_sum(s);
-      if (lane == 0 && r0 + r < nmix) red[warp][r0 + r] = s;
-    }
+  for (int r = 0; r < 8; ++r) {
+    float v = f[r].x * xv.x + f[r].y * xv.y + f[r].z * xv.z + f[r].w * xv.w;
+    v = warp_sum(v);
+    if (lane == 0) red[warp][r] = v;
   }
   __syncthreads();
-  if (threadIdx.x < nmix || threadIdx.x == kHcMaxMix) {
+  float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
+  if (threadIdx.x < 8 && rb + threadIdx.x < nmix) {
     const int r = threadIdx.x;
-    partial[(static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1) + r] = red[0][r] + red[1][r] + red[2][r] + red[3][r];
+    out[rb + r] = red[0][r] + red[1][r] + red[2][r] + red[3][r];
   }
+  if (blockIdx.z == 0 && threadIdx.x == 8) out[kHcMaxMix] = red[0][8] + red[1][8] + red[2][8] + red[3][8];
 }
 
 __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
@@ -1069,8 +1079,8 @@ __global__ void __launch_bounds__(256) expert_gate_up_kernel(ExpertArgs a, int b
   const DevExpert E = a.table[a.sel[slot]];
   const float* x = a.x + static_cast<int64_t>(t) * a.d;
   float g, u;
-  warp_row_dot<F, 1>(WRow{E.w1, E.s1, a.d, a.sb1, blk}, r, x, a.d, 1, lut, &g);
-  warp_row_dot<F, 1>(WRow{E.w3, E.s3, a.d, a.sb1, blk}, r, x, a.d, 1, lut, &u);
+  warp_row_dot<F, 1>(WRow{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, r, x, a.d, 1, lut, &g);
+  warp_row_dot<F, 1>(WRow{E.w3, E.s3, E.g3, a.d, a.sb1, blk}, r, x, a.d, 1, lut, &u);
   if ((threadIdx.x & 31) == 0) {
     if (a.official) g = bf16r(g), u = bf16r(u);
     a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(g, u, a.limit, a.wts[slot], a.official);
@@ -1087,7 +1097,7 @@ __global__ void __launch_bounds__(256) expert_down_kernel(ExpertArgs a, int blk)
   if (r >= a.d) return;
   const DevExpert E = a.table[a.sel[slot]];
   float y;
-  warp_row_dot<F, 1>(WRow{E.w2, E.s2, a.I, a.sb2, blk}, r, a.act_q + static_cast<int64_t>(slot) * a.I, a.I, 1, lut, &y);
+  warp_row_dot<F, 1>(WRow{E.w2, E.s2, E.g2, a.I, a.sb2, blk}, r, a.act_q + static_cast<int64_t>(slot) * a.I, a.I, 1, lut, &y);
   if ((threadIdx.x & 31) == 0) a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
 }
 
@@ -1118,7 +1128,8 @@ __device__ __forceinline__ float2 e2m1_pair(uint32_t w) {
 
 // Partial dot of one 16-byte weight chunk q (chunk index c of its row; sp = the row's scale pointer) with x[0..CW).
 template <int F>
-__device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restrict__ x, const float* sp, int64_t c, int blk) {
+__device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restrict__ x, const void* sp, int64_t c, int blk,
+                                           float g) {
   const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
   if constexpr (F == kFP8) {
     float s = 0.0f;
@@ -1133,7 +1144,7 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
       s = fmaf(b.x, xv.z, s);
       s = fmaf(b.y, xv.w, s);
     }
-    return s * sp[c >> 3];
+    return s * fp8_scale(sp, c >> 3);
   } else if constexpr (F == kFP4) {
     float part[2];
 #pragma unroll
@@ -1153,8 +1164,8 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
       }
       part[half] = s * 16384.0f;
     }
-    if (blk == 16) return part[0] * sp[2 * c] + part[1] * sp[2 * c + 1];
-    return (part[0] + part[1]) * sp[c];
+    if (blk == 16) return part[0] * fp4_scale(sp, 2 * c, 16, g) + part[1] * fp4_scale(sp, 2 * c + 1, 16, g);
+    return (part[0] + part[1]) * fp4_scale(sp, c, 32, g);
   } else if constexpr (F == kBF16 || F == kF16) {
     float s = 0.0f;
 #pragma unroll
@@ -1191,7 +1202,7 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
 // One warp, R rows (row byte pointers wp, scale pointers sp), chunks [cb, ce) of each row, nt <= NT tokens of x at
 // stride ldx (x points at element 0 of the row). acc[r][t] gets this lane's partial sums (not yet warp-reduced).
 template <int F, int R, int NT>
-__device__ __forceinline__ void warp_rows_dot(const uint8_t* const* wp, const float* const* sp, int blk, int64_t cb,
+__device__ __forceinline__ void warp_rows_dot(const uint8_t* const* wp, const void* const* sp, const float* gs, int blk, int64_t cb,
                                               int64_t ce, const float* x, int64_t ldx, int nt, float (&acc)[R][NT]) {
   constexpr int CW = Chunk<F>::CW;
   constexpr int U = (R * NT > 4) ? 2 : 4;  // chunk-steps whose loads are issued before the first use
@@ -1215,7 +1226,7 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t* const* wp, const fl
         for (int t = 0; t < NT; ++t)
           if (t < nt)
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r][t] += chunk_dot<F>(q[u][r], x + t * ldx + c * CW, sp[r], c, blk);
+            for (int r = 0; r < R; ++r) acc[r][t] += chunk_dot<F>(q[u][r], x + t * ldx + c * CW, sp[r], c, blk, gs[r]);
       }
     }
   }
@@ -1225,9 +1236,9 @@ constexpr int kGemvR = 2;   // rows per warp
 constexpr int kGemvNT = 4;  // tokens per pass
 
 template <int F>
-__device__ __forceinline__ const float* scale_row(const WRow& W, int64_t r) {
-  if constexpr (F == kFP8) return W.sc + (r >> 7) * W.sb;
-  else if constexpr (F == kFP4) return W.sc + r * W.sb;
+__device__ __forceinline__ const void* scale_row(const WRow& W, int64_t r) {
+  if constexpr (F == kFP8) return static_cast<const float*>(W.sc) + (r >> 7) * W.sb;
+  else if constexpr (F == kFP4) return static_cast<const uint8_t*>(W.sc) + r * W.sb;
   else return nullptr;
 }
 template <int F>
@@ -1249,9 +1260,11 @@ __global__ void __launch_bounds__(256) gemv_kernel(WRow W, int64_t out, LinearAr
   const int64_t nch = W.in / CW, per = (nch + ks - 1) / ks;
   const int64_t cb = kslice * per, ce = min(nch, cb + per);
   const uint8_t* wp[R];
-  const float* sp[R];
+  const void* sp[R];
+  float gs[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
+    gs[r] = W.g;
     const int64_t rr = min(row0 + r, out - 1);  // rows past the end recompute the last row; never stored
     wp[r] = static_cast<const uint8_t*>(W.w) + rr * row_bytes<F>(W.in);
     sp[r] = scale_row<F>(W, rr);
@@ -1259,7 +1272,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(WRow W, int64_t out, LinearAr
   const int64_t rx = min(row0, out - 1);
   const float* x = a.x + static_cast<int64_t>(t0) * a.ldx + (a.group_rows ? (rx / a.group_rows) * a.group_x_off : 0);
   float acc[R][NT];
-  warp_rows_dot<F, R, NT>(wp, sp, W.blk, cb, ce, x, a.ldx, nt, acc);
+  warp_rows_dot<F, R, NT>(wp, sp, gs, W.blk, cb, ce, x, a.ldx, nt, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -1302,12 +1315,13 @@ __global__ void __launch_bounds__(256) expert_gate_up_v2(ExpertArgs a, int blk) 
   const int slot = blockIdx.y, t = slot / a.k;
   if (r >= a.I) return;
   const DevExpert E = a.table[a.sel[slot]];
-  const WRow W1{E.w1, E.s1, a.d, a.sb1, blk}, W3{E.w3, E.s3, a.d, a.sb1, blk};
+  const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
   const int64_t rb = r * row_bytes<F>(a.d);
   const uint8_t* wp[2] = {static_cast<const uint8_t*>(E.w1) + rb, static_cast<const uint8_t*>(E.w3) + rb};
-  const float* sp[2] = {scale_row<F>(W1, r), scale_row<F>(W3, r)};
+  const void* sp[2] = {scale_row<F>(W1, r), scale_row<F>(W3, r)};
+  const float gs[2] = {E.g1, E.g3};
   float acc[2][1];
-  warp_rows_dot<F, 2, 1>(wp, sp, blk, 0, a.d / Chunk<F>::CW, a.x + static_cast<int64_t>(t) * a.d, a.d, 1, acc);
+  warp_rows_dot<F, 2, 1>(wp, sp, gs, blk, 0, a.d / Chunk<F>::CW, a.x + static_cast<int64_t>(t) * a.d, a.d, 1, acc);
   float g = warp_sum(acc[0][0]), u = warp_sum(acc[1][0]);
   if ((threadIdx.x & 31) == 0) {
     if (a.official) g = bf16r(g), u = bf16r(u);
@@ -1322,9 +1336,10 @@ __global__ void __launch_bounds__(256) expert_down_v2(ExpertArgs a, int blk) {
   const int slot = blockIdx.y;
   if (row0 >= a.d) return;
   const DevExpert E = a.table[a.sel[slot]];
-  const WRow W2{E.w2, E.s2, a.I, a.sb2, blk};
+  const WRow W2{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
   const uint8_t* wp[2];
-  const float* sp[2];
+  const void* sp[2];
+  const float gs[2] = {E.g2, E.g2};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t rr = min(row0 + r, a.d - 1);
@@ -1332,7 +1347,7 @@ __global__ void __launch_bounds__(256) expert_down_v2(ExpertArgs a, int blk) {
     sp[r] = scale_row<F>(W2, rr);
   }
   float acc[2][1];
-  warp_rows_dot<F, 2, 1>(wp, sp, blk, 0, a.I / Chunk<F>::CW, a.act_q + static_cast<int64_t>(slot) * a.I, a.I, 1, acc);
+  warp_rows_dot<F, 2, 1>(wp, sp, gs, blk, 0, a.I / Chunk<F>::CW, a.act_q + static_cast<int64_t>(slot) * a.I, a.I, 1, acc);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float y = warp_sum(acc[r][0]);
@@ -1394,6 +1409,26 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
   return v;
 }
 
+#include "backend/cuda/gemv_xsmem.cuh"
+
+// v3 (activation staged in shared memory) unless DSV4_GEMV=v2 (A/B measurements) or the row does not fit the budget.
+constexpr int64_t kXsMaxBytes = 96 * 1024;
+bool use_xs(int64_t in) {
+  static const bool v2 = [] {
+    const char* e = std::getenv("DSV4_GEMV");
+    return e && std::string(e) == "v2";
+  }();
+  return !v2 && in * 4 <= kXsMaxBytes;
+}
+// Also asks for the largest shared-memory carveout: these kernels stream weights past L1 (no_allocate), and with the
+// default carveout (32 KB measured by ncu) a 16 KB activation row allowed one block per SM.
+template <typename K>
+void allow_smem(K* kernel, size_t bytes) {
+  set_smem(reinterpret_cast<const void*>(kernel), bytes);
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1406,7 +1441,7 @@ uint64_t DevLinear::weight_bytes() const {
     case WeightFormat::FP8_E8M0:
     case WeightFormat::FP8_F32: b = out * in + ((out + 127) / 128) * sb_cols * 4; break;
     case WeightFormat::MXFP4:
-    case WeightFormat::NVFP4: b = out * in / 2 + out * sb_cols * 4; break;
+    case WeightFormat::NVFP4: b = out * in / 2 + out * sb_cols; break;
   }
   return b;
 }
@@ -1433,9 +1468,23 @@ DevLinear upload_linear(const LinearRef& r) {
     const int blk = fp4_block(r.fmt);
     if (r.in % blk != 0) fail("linear '", r.name, "': in=", r.in, " is not a multiple of the FP4 block ", blk);
     l.sb_cols = r.in / blk;
-    const float global = r.fmt == WeightFormat::NVFP4 ? host_scale(*r.scale2, 0, r) : 1.0f;
-    sc.resize(static_cast<size_t>(r.out * l.sb_cols));
-    for (int64_t i = 0; i < r.out * l.sb_cols; ++i) sc[static_cast<size_t>(i)] = host_scale(*r.scale, i, r) * global;
+    const ckpt::DType want = r.fmt == WeightFormat::NVFP4 ? ckpt::DType::F8_E4M3 : ckpt::DType::F8_E8M0;
+    if (r.scale->dtype() != want)
+      fail("linear '", r.name, "': ", weight_format_name(r.fmt), " block scales must be ", ckpt::dtype_name(want), " (got ",
+           ckpt::dtype_name(r.scale->dtype()), ")");
+    const int64_t count = r.out * l.sb_cols;
+    if (r.scale->numel() < count) fail("linear '", r.name, "': ", r.scale->numel(), " block scales, need ", count);
+    // Kept as stored (one byte per block); validated here because the kernels decode them without checks.
+    for (int64_t i = 0; i < count; ++i) {
+      const uint8_t b = r.scale->data[i];
+      if (want == ckpt::DType::F8_E8M0 ? b == 255 : (b & 0x7F) == 0x7F)
+        fail(*r.scale->file, ": tensor '", r.scale->name(), "' holds a NaN scale byte at index ", i, " (weight ", r.name, ")");
+    }
+    if (r.fmt == WeightFormat::NVFP4) l.scale2 = host_scale(*r.scale2, 0, r);
+    void* s8 = nullptr;
+    DSV4_CU(cudaMalloc(&s8, static_cast<size_t>(count)));
+    DSV4_CU(cudaMemcpy(s8, r.scale->data, static_cast<size_t>(count), cudaMemcpyHostToDevice));
+    l.scale8 = static_cast<const uint8_t*>(s8);
   }
   if (!sc.empty()) {
     float* s = nullptr;
@@ -1449,8 +1498,10 @@ DevLinear upload_linear(const LinearRef& r) {
 void free_linear(DevLinear& l) {
   if (l.w) cudaFree(const_cast<void*>(l.w));
   if (l.scale) cudaFree(const_cast<float*>(l.scale));
+  if (l.scale8) cudaFree(const_cast<uint8_t*>(l.scale8));
   l.w = nullptr;
   l.scale = nullptr;
+  l.scale8 = nullptr;
 }
 
 namespace {
@@ -1485,6 +1536,20 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   const unsigned ty = blocks_for(a.n, kGemvNT);
   int ks = 1;
   while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
+  const int64_t block_rows = (8 / ks) * kGemvR;
+  if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) {
+    const size_t sm = static_cast<size_t>(W.in) * 4;
+    const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)));
+    switch (f) {
+      case kF32: allow_smem(gemv_xs_kernel<kF32>, sm), launch(gemv_xs_kernel<kF32>, grid, 256, sm, s, r, W.out, a, ks); break;
+      case kBF16: allow_smem(gemv_xs_kernel<kBF16>, sm), launch(gemv_xs_kernel<kBF16>, grid, 256, sm, s, r, W.out, a, ks); break;
+      case kF16: allow_smem(gemv_xs_kernel<kF16>, sm), launch(gemv_xs_kernel<kF16>, grid, 256, sm, s, r, W.out, a, ks); break;
+      case kFP8: allow_smem(gemv_xs_kernel<kFP8>, sm), launch(gemv_xs_kernel<kFP8>, grid, 256, sm, s, r, W.out, a, ks); break;
+      case kFP4: allow_smem(gemv_xs_kernel<kFP4>, sm), launch(gemv_xs_kernel<kFP4>, grid, 256, sm, s, r, W.out, a, ks); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   const dim3 grid(blocks_for(W.out, (8 / ks) * kGemvR), ty);
   switch (f) {
     case kF32: launch(gemv_kernel<kF32>, grid, 256, 0, s, r, W.out, a, ks); break;
@@ -1540,7 +1605,8 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
     fail("hc_pre: hc_mult ", a.hc, " exceeds the kernel's limit (hc*hc <= 32 and (2+hc)*hc <= 32)");
   if (!a.partial) fail("hc_pre: no partial-sum scratch (hc_pre_scratch_floats)");
   const int nslices = static_cast<int>((a.hc * a.d + kHcSlice - 1) / kHcSlice);
-  launch(hc_mix_kernel, dim3(nslices, a.n), 128, 0, s, a, nmix, nslices, a.partial);
+  if ((a.hc * a.d) % 4 != 0) fail("hc_pre: hc_mult * hidden (", a.hc * a.d, ") must be a multiple of 4");
+  launch(hc_mix_kernel, dim3(nslices, a.n, (nmix + 7) / 8), 128, 0, s, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
   const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
   set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
@@ -1668,6 +1734,19 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
+  if (use_xs(a.d)) {
+    const size_t sm = static_cast<size_t>(a.d) * 4;
+    const dim3 grid(blocks_for(a.I, 16), a.n * a.k);
+    switch (fmt_of(a.fmt)) {
+      case kF32: allow_smem(expert_gate_up_xs<kF32>, sm), launch(expert_gate_up_xs<kF32>, grid, 256, sm, s, a, blk); break;
+      case kBF16: allow_smem(expert_gate_up_xs<kBF16>, sm), launch(expert_gate_up_xs<kBF16>, grid, 256, sm, s, a, blk); break;
+      case kF16: allow_smem(expert_gate_up_xs<kF16>, sm), launch(expert_gate_up_xs<kF16>, grid, 256, sm, s, a, blk); break;
+      case kFP8: allow_smem(expert_gate_up_xs<kFP8>, sm), launch(expert_gate_up_xs<kFP8>, grid, 256, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_gate_up_xs<kFP4>, sm), launch(expert_gate_up_xs<kFP4>, grid, 256, sm, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   const dim3 grid(blocks_for(a.I, 8), a.n * a.k);
   switch (fmt_of(a.fmt)) {
     case kF32: launch(expert_gate_up_v2<kF32>, grid, 256, 0, s, a, blk); break;
@@ -1690,6 +1769,19 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
       case kF16: launch(expert_down_kernel<kF16>, grid, 256, 0, s, a, blk); break;
       case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (use_xs(a.I)) {
+    const size_t sm = static_cast<size_t>(a.I) * 4;
+    const dim3 grid(blocks_for(a.d, 32), a.n * a.k);
+    switch (fmt_of(a.fmt)) {
+      case kF32: allow_smem(expert_down_xs<kF32>, sm), launch(expert_down_xs<kF32>, grid, 256, sm, s, a, blk); break;
+      case kBF16: allow_smem(expert_down_xs<kBF16>, sm), launch(expert_down_xs<kBF16>, grid, 256, sm, s, a, blk); break;
+      case kF16: allow_smem(expert_down_xs<kF16>, sm), launch(expert_down_xs<kF16>, grid, 256, sm, s, a, blk); break;
+      case kFP8: allow_smem(expert_down_xs<kFP8>, sm), launch(expert_down_xs<kFP8>, grid, 256, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_down_xs<kFP4>, sm), launch(expert_down_xs<kFP4>, grid, 256, sm, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;

@@ -17,22 +17,28 @@ namespace dsv4::cuda {
 void check(cudaError_t e, const char* what, const char* file, int line);
 #define DSV4_CU(call) ::dsv4::cuda::check((call), #call, __FILE__, __LINE__)
 
-// A linear weight on the device in its STORED format. Scales are widened to fp32 once at upload (cuBLASLt needs fp32
-// scales too, and the product decode(w) * scale is then the same fp32 multiply the CPU dequantizer does).
+// A linear weight on the device in its STORED format. FP8 block scales (one per 128x128 tile, a negligible share of
+// the bytes) are widened to fp32 once at upload (cuBLASLt needs fp32 scales too). FP4 block scales stay one byte each
+// as stored (E8M0 for MXFP4, E4M3 for NVFP4: widening them would add 25% to the bytes every expert GEMV streams);
+// the kernels decode them, and decode(w) * (scale * scale2) is the same fp32 arithmetic as the CPU dequantizer.
 struct DevLinear {
   WeightFormat fmt = WeightFormat::F32;
   int64_t out = 0, in = 0;
-  const void* w = nullptr;      // E4M3 bytes [out, in] | packed E2M1 [out, in/2] | BF16/F16/F32 [out, in]
-  const float* scale = nullptr;  // FP8: [ceil(out/128), sb_cols]; MXFP4/NVFP4: [out, in/block] (NVFP4: x weight_scale_2)
-  int64_t sb_cols = 0;          // FP8: scale columns (ceil(in/128)); FP4: blocks per row
+  const void* w = nullptr;          // E4M3 bytes [out, in] | packed E2M1 [out, in/2] | BF16/F16/F32 [out, in]
+  const float* scale = nullptr;     // FP8: [ceil(out/128), sb_cols] fp32
+  const uint8_t* scale8 = nullptr;  // MXFP4: E8M0 [out, in/32]; NVFP4: E4M3 [out, in/16]
+  float scale2 = 1.0f;              // NVFP4: weight_scale_2 (the per-tensor global); 1 otherwise
+  int64_t sb_cols = 0;              // FP8: scale columns (ceil(in/128)); FP4: blocks per row
   bool low_precision() const {
     return fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32 || fmt == WeightFormat::MXFP4 ||
            fmt == WeightFormat::NVFP4;
   }
-  uint64_t weight_bytes() const;  // stored weight + fp32 scales as held on the device
+  bool fp4() const { return fmt == WeightFormat::MXFP4 || fmt == WeightFormat::NVFP4; }
+  const void* scales() const { return fp4() ? static_cast<const void*>(scale8) : static_cast<const void*>(scale); }
+  uint64_t weight_bytes() const;  // stored weight + scales as held on the device
 };
 
-// Uploads a checkpoint linear (weight bytes as stored; scales widened to fp32 and validated: NaN/inf scale -> Error).
+// Uploads a checkpoint linear (weight bytes as stored; scales validated: NaN/inf scale -> Error; FP8 scales widened).
 // The returned pointers are owned by the caller (free with free_linear).
 DevLinear upload_linear(const LinearRef& r);
 void free_linear(DevLinear& l);
@@ -204,10 +210,14 @@ struct DevExpert {
   const void* w1 = nullptr;
   const void* w3 = nullptr;
   const void* w2 = nullptr;
-  const float* s1 = nullptr;
-  const float* s3 = nullptr;
-  const float* s2 = nullptr;
+  const void* s1 = nullptr;  // scales as in DevLinear::scales() (fp32 for FP8, bytes for FP4)
+  const void* s3 = nullptr;
+  const void* s2 = nullptr;
+  float g1 = 1.0f, g3 = 1.0f, g2 = 1.0f;  // DevLinear::scale2 of each
 };
+inline DevExpert make_dev_expert(const DevLinear& w1, const DevLinear& w3, const DevLinear& w2) {
+  return DevExpert{w1.w, w3.w, w2.w, w1.scales(), w3.scales(), w2.scales(), w1.scale2, w3.scale2, w2.scale2};
+}
 struct ExpertArgs {
   const DevExpert* table = nullptr;  // device array [E]
   WeightFormat fmt = WeightFormat::MXFP4;

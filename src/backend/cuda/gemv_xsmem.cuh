@@ -1,0 +1,289 @@
+// Decode GEMV v3 and the routed-expert kernels built on it (included by kernels.cu after the v2 helpers it uses:
+// Chunk, ldg_stream, e2m1_pair, fp4/fp8 scale decoding, scale_row, row_bytes, swiglu1).
+//
+// Why v3: in v2 every lane of a warp streams its own 16-byte weight chunk (consecutive chunks across lanes) and reads
+// the matching 16..32 activation floats straight from global memory. Those activation reads are 4-8x the weight bytes
+// and, lanes being 64-128 B apart, each 16-byte load instruction touches up to 32 different L1 lines, so the kernels
+// were bound by L1 wavefronts, not by DRAM (21-33 % of the bandwidth in `dsv4 bench-ops`). v3 stages the activation
+// row in shared memory once per block, in a rotated layout (the float4 groups of chunk c are rotated by c / chunks-per-
+// 128-bytes), so that the 8 lanes of each shared-memory phase hit 8 different bank groups: conflict-free 16-byte
+// reads. Block scales are loaded together with their weight chunk (not after it arrives), and the loads of the next
+// chunk-steps are issued before the current ones are consumed (two register buffers).
+// Included INSIDE kernels.cu's anonymous namespace in dsv4::cuda (it is part of that translation unit).
+#pragma once
+
+template <int F>
+struct XRot {
+  static constexpr int CW = Chunk<F>::CW;                   // floats per 16-byte weight chunk
+  static constexpr int G = CW / 4;                          // float4 groups per chunk (1, 2, 4 or 8)
+  static constexpr int CPL = CW >= 32 ? 1 : 32 / CW;        // chunks per 128-byte shared-memory row
+  __device__ static __forceinline__ const float4& at(const float* xs, int64_t c, int g) {
+    const int rot = G == 1 ? 0 : ((g + static_cast<int>(c / CPL)) & (G - 1));
+    return *reinterpret_cast<const float4*>(xs + c * CW + rot * 4);
+  }
+};
+
+// Copies x[0, len) (len a multiple of 4, x 16-byte aligned) into xs in the rotated layout, with all threads.
+template <int F>
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, int64_t len, float* xs) {
+  constexpr int CW = XRot<F>::CW, G = XRot<F>::G, CPL = XRot<F>::CPL;
+  for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
+    const int64_t c = (i * 4) / CW;
+    const int g = static_cast<int>(i % G);
+    const int rot = G == 1 ? 0 : ((g + static_cast<int>(c / CPL)) & (G - 1));
+    *reinterpret_cast<float4*>(xs + c * CW + rot * 4) = __ldg(reinterpret_cast<const float4*>(x) + i);
+  }
+}
+
+// The block scale(s) of chunk c as raw bits: fp32 bits (FP8, one per 8 chunks), one byte (MXFP4) or two (NVFP4).
+template <int F>
+__device__ __forceinline__ uint32_t raw_scale(const void* sp, int64_t c, int blk) {
+  if constexpr (F == kFP8) return __float_as_uint(__ldg(static_cast<const float*>(sp) + (c >> 3)));
+  else if constexpr (F == kFP4) {
+    if (blk == 16) return __ldg(static_cast<const unsigned short*>(sp) + c);
+    return __ldg(static_cast<const unsigned char*>(sp) + c);
+  } else return 0u;
+}
+
+// Same arithmetic as chunk_dot (v2), with x from the rotated shared copy and the scale already loaded.
+template <int F>
+__device__ __forceinline__ float chunk_dot_s(const uint4& q, const float* xs, int64_t c, uint32_t sraw, int blk, float g) {
+  const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+  using X = XRot<F>;
+  if constexpr (F == kFP8) {
+    float s = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float4 xv = X::at(xs, c, h);
+      __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] & 0xFFFFu), __NV_E4M3);
+      __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] >> 16), __NV_E4M3);
+      const float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo)), b = __half22float2(*reinterpret_cast<__half2*>(&hi));
+      s = fmaf(a.x, xv.x, s);
+      s = fmaf(a.y, xv.y, s);
+      s = fmaf(b.x, xv.z, s);
+      s = fmaf(b.y, xv.w, s);
+    }
+    return s * __uint_as_float(sraw);
+  } else if constexpr (F == kFP4) {
+    float part[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float s = 0.0f;
+#pragma unroll
+      for (int h = 2 * half; h < 2 * half + 2; ++h) {
+        const float4 x0 = X::at(xs, c, 2 * h), x1 = X::at(xs, c, 2 * h + 1);
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 v = e2m1_pair(wd[h] >> (4 * k));
+          s = fmaf(v.x, xv[k], s);
+          s = fmaf(v.y, xv[k + 4], s);
+        }
+      }
+      part[half] = s * 16384.0f;
+    }
+    if (blk == 16) return part[0] * fp4_scale_dec(sraw & 0xFFu, 16, g) + part[1] * fp4_scale_dec(sraw >> 8, 16, g);
+    return (part[0] + part[1]) * fp4_scale_dec(sraw, 32, g);
+  } else if constexpr (F == kBF16 || F == kF16) {
+    float s = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 xv = X::at(xs, c, h);
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t u = wd[2 * h + j];
+        if constexpr (F == kBF16) {
+          v[2 * j] = __uint_as_float(u << 16);
+          v[2 * j + 1] = __uint_as_float(u & 0xFFFF0000u);
+        } else {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
+          v[2 * j] = f.x;
+          v[2 * j + 1] = f.y;
+        }
+      }
+      s = fmaf(v[0], xv.x, s);
+      s = fmaf(v[1], xv.y, s);
+      s = fmaf(v[2], xv.z, s);
+      s = fmaf(v[3], xv.w, s);
+    }
+    return s;
+  } else {
+    const float4 xv = X::at(xs, c, 0);
+    float s = __uint_as_float(wd[0]) * xv.x;
+    s = fmaf(__uint_as_float(wd[1]), xv.y, s);
+    s = fmaf(__uint_as_float(wd[2]), xv.z, s);
+    return fmaf(__uint_as_float(wd[3]), xv.w, s);
+  }
+}
+
+// U chunk-steps of R rows held in registers: weights and their scales.
+template <int F, int R, int U>
+struct RowPipe {
+  uint4 q[U][R];
+  uint32_t s[U][R];
+  __device__ __forceinline__ void load(const uint8_t* const* wp, const void* const* sp, int blk, int64_t c0, int64_t ce) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t c = c0 + 32 * u;
+        if (c < ce) {
+          q[u][r] = ldg_stream(wp[r] + c * 16);
+          s[u][r] = raw_scale<F>(sp[r], c, blk);
+        }
+      }
+  }
+  __device__ __forceinline__ void dot(const float* xs, const float* gs, int blk, int64_t c0, int64_t ce, float (&acc)[R]) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c < ce)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += chunk_dot_s<F>(q[u][r], xs, c, s[u][r], blk, gs[r]);
+    }
+  }
+};
+
+// One warp: acc[r] (this lane's partial; not warp-reduced) = W_r[chunks cb..ce) . x, x staged in xs by the block.
+// The first chunk-steps are loaded BEFORE the block stages x (`stage` runs between, then __syncthreads), so the weight
+// stream is already in flight while the activation is copied. Every thread of the block must call this (barrier).
+template <int F, int R, int U, typename Stage>
+__device__ __forceinline__ void rows_dot_xs(const uint8_t* const* wp, const void* const* sp, const float* gs, int blk,
+                                            int64_t cb, int64_t ce, const float* xs, Stage stage, float (&acc)[R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  const int64_t step = 32 * U, iters = ce > cb ? (ce - cb + step - 1) / step : 0;
+  RowPipe<F, R, U> a, b;
+  if (iters > 0) a.load(wp, sp, blk, cb + lane, ce);
+  stage();
+  __syncthreads();
+  for (int64_t i = 0; i < iters; i += 2) {
+    const int64_t ca = cb + lane + step * i, cbb = ca + step;
+    if (i + 1 < iters) b.load(wp, sp, blk, cbb, ce);
+    a.dot(xs, gs, blk, ca, ce, acc);
+    if (i + 1 >= iters) break;
+    if (i + 2 < iters) a.load(wp, sp, blk, cbb + step, ce);
+    b.dot(xs, gs, blk, cbb, ce, acc);
+  }
+}
+
+// Single-token GEMV (n == 1): grid ceil(out / rows per block); 8 warps = ks K-slices x (8/ks) row groups of 2 rows.
+// Grouped mode: the block's rows lie in one group (the launcher checks), whose x slice is staged.
+template <int F>
+__global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
+  pdl_wait();
+  constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  __shared__ float red[8][R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kslice = warp % ks, rg = warp / ks, rgs = 8 / ks;
+  const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * rgs * R;
+  const int64_t row0 = block_row0 + rg * R;
+  const int64_t nch = W.in / CW, per = (nch + ks - 1) / ks;
+  const int64_t cb = kslice * per, ce = min(nch, cb + per);
+  const uint8_t* wp[R];
+  const void* sp[R];
+  float gs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t rr = min(row0 + r, out - 1);  // rows past the end recompute the last row; never stored
+    wp[r] = static_cast<const uint8_t*>(W.w) + rr * row_bytes<F>(W.in);
+    sp[r] = scale_row<F>(W, rr);
+    gs[r] = W.g;
+  }
+  const float* x = a.x + (a.group_rows ? (block_row0 / a.group_rows) * a.group_x_off : 0);
+  float acc[R];
+  rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] { stage_x<F>(x, W.in, xs); }, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+  if (ks > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
+    __syncthreads();
+    if (kslice != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s = red[warp][r];
+      for (int j = 1; j < ks; ++j) s += red[warp + j][r];
+      acc[r] = s;
+    }
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < out) a.y[row0 + r] = a.round_bf16 ? bf16r(acc[r]) : acc[r];
+}
+
+// Routed experts v3. gate/up: grid (ceil(I / 16), n * k); warp w of a block takes intermediate rows r = 16 * bx + 2w
+// and r + 1, i.e. 4 weight rows (w1 r, w3 r, w1 r+1, w3 r+1) sharing the staged token row; SwiGLU + clamp + routing
+// weight in the epilogue. down: grid (ceil(d / 32), n * k); 4 output rows per warp over the staged act_q row.
+template <int F>
+__global__ void __launch_bounds__(256, 2) expert_gate_up_xs(ExpertArgs a, int blk) {
+  pdl_wait();
+  constexpr int R = 4, U = 1, CW = Chunk<F>::CW;
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 + 2 * (threadIdx.x >> 5);
+  const int slot = blockIdx.y, t = slot / a.k;
+  const DevExpert E = a.table[a.sel[slot]];
+  const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
+  const uint8_t* wp[R];
+  const void* sp[R];
+  float gs[R];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int64_t r = min(r0 + j, a.I - 1), rb = r * row_bytes<F>(a.d);
+    wp[2 * j] = static_cast<const uint8_t*>(E.w1) + rb, wp[2 * j + 1] = static_cast<const uint8_t*>(E.w3) + rb;
+    sp[2 * j] = scale_row<F>(W1, r), sp[2 * j + 1] = scale_row<F>(W3, r);
+    gs[2 * j] = E.g1, gs[2 * j + 1] = E.g3;
+  }
+  const float* x = a.x + static_cast<int64_t>(t) * a.d;
+  float acc[R];
+  rows_dot_xs<F, R, U>(wp, sp, gs, blk, 0, a.d / CW, xs, [&] { stage_x<F>(x, a.d, xs); }, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane == 0)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (r0 + j >= a.I) continue;
+      float g = acc[2 * j], u = acc[2 * j + 1];
+      if (a.official) g = bf16r(g), u = bf16r(u);
+      a.act[static_cast<int64_t>(slot) * a.I + r0 + j] = swiglu1(g, u, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(256, 2) expert_down_xs(ExpertArgs a, int blk) {
+  pdl_wait();
+  constexpr int R = 4, U = 1, CW = Chunk<F>::CW;
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 32 + R * (threadIdx.x >> 5);
+  const int slot = blockIdx.y;
+  const DevExpert E = a.table[a.sel[slot]];
+  const WRow W2{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
+  const uint8_t* wp[R];
+  const void* sp[R];
+  float gs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t rr = min(row0 + r, a.d - 1);
+    wp[r] = static_cast<const uint8_t*>(E.w2) + rr * row_bytes<F>(a.I);
+    sp[r] = scale_row<F>(W2, rr);
+    gs[r] = E.g2;
+  }
+  const float* x = a.act_q + static_cast<int64_t>(slot) * a.I;
+  float acc[R];
+  rows_dot_xs<F, R, U>(wp, sp, gs, blk, 0, a.I / CW, xs, [&] { stage_x<F>(x, a.I, xs); }, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float y = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < a.d) a.y[static_cast<int64_t>(slot) * a.d + row0 + r] = a.official ? bf16r(y) : y;
+  }
+}

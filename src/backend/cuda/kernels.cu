@@ -362,6 +362,23 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
   const int64_t d = a.d, nf = hc * d;
   const float* Xt = a.X + t * nf;
   const int lane = threadIdx.x & 31;
+  // Prefetch path (hc <= 4, d % 4 == 0, d <= 16 * threads): the streams and the norm weight are loaded into registers
+  // first, so that their memory latency overlaps the partial sums and the Sinkhorn iterations below instead of
+  // following them (the collapse and RMSNorm loops were a chain of dependent global round trips on one SM).
+  const int64_t ng = d / 4;
+  const bool pf = hc <= 4 && d % 4 == 0 && ng <= 4 * static_cast<int64_t>(blockDim.x);
+  float4 xr[4][4], wr[4];
+  if (pf) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (g >= ng) continue;
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        if (s < hc) xr[s][i] = __ldg(reinterpret_cast<const float4*>(Xt + s * d) + g);
+      wr[i] = a.norm_w ? __ldg(reinterpret_cast<const float4*>(a.norm_w) + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    }
+  }
   // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of
   // one per slice), then warp 0 sums them in slice order exactly as before.
   const int npart = nslices * (kHcMaxMix + 1);
@@ -419,6 +436,49 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     }
   }
   __syncthreads();  // warp 0 is done with the staged partials before xin is reused below
+  if (pf) {
+    // Same arithmetic as the loops below (collapse in stream order, [official] BF16, x * r * w), from registers.
+    float4 v[4];
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (g >= ng) continue;
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        if (s < hc) {
+          c[0] += pre[s] * xr[s][i].x;
+          c[1] += pre[s] * xr[s][i].y;
+          c[2] += pre[s] * xr[s][i].z;
+          c[3] += pre[s] * xr[s][i].w;
+        }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (a.official) c[e] = bf16r(c[e]);
+        ss += static_cast<double>(c[e]) * c[e];
+      }
+      v[i] = make_float4(c[0], c[1], c[2], c[3]);
+    }
+    ss = block_sum_d(ss, red);
+    const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + a.rms_eps));
+    const bool rnd = a.official && !a.head, has_w = a.norm_w != nullptr;
+    float* x = a.x + t * d;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (g >= ng) continue;
+      const float in[4] = {v[i].x, v[i].y, v[i].z, v[i].w}, w[4] = {wr[i].x, wr[i].y, wr[i].z, wr[i].w};
+      float o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float y = has_w ? in[e] * rs * w[e] : in[e] * rs;
+        o[e] = rnd ? bf16r(y) : y;
+      }
+      reinterpret_cast<float4*>(x)[g] = make_float4(o[0], o[1], o[2], o[3]);
+    }
+    return;
+  }
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     float v = 0.0f;
     for (int s = 0; s < hc; ++s) v += pre[s] * Xt[s * d + j];

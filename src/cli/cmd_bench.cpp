@@ -156,9 +156,13 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::fprintf(stderr, "[bench] prefill of positions %lld..%lld done in %.2f s\n", (long long)from, (long long)to,
                  secs(a, Clock::now()));
   };
+  // The timed prefill also records an event pair around every op (rank 0 under TP): where prefill time goes.
+  dsv4::cuda_set_eager_profiling(*be, true);
   t0 = Clock::now();
   run_prefill(0, prompt);
   const double prefill_s = secs(t0, Clock::now());
+  const auto prefill_prof = dsv4::cuda_eager_profile(*be);
+  dsv4::cuda_set_eager_profiling(*be, false);
   run_prefill(prompt, context);
 
   // Decode: single-token steps at positions context, context+1, ...; the first two (eager, then recorded) untimed.
@@ -239,6 +243,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (const auto& [n, ms] : prof)
     std::printf("    %-14s %8.1f us  %5.1f%%\n", n.c_str(), ms * 1e3, 100.0 * ms / std::max(prof_total, 1e-12));
 
+  double pre_total = 0;
+  for (const auto& [n, ms] : prefill_prof) pre_total += ms;
+  std::printf("  prefill time by op (%s, all %lld tokens, events around each op):\n", tp > 1 ? "rank 0" : "one GPU",
+              (long long)prompt);
+  for (const auto& [n, ms] : prefill_prof)
+    std::printf("    %-14s %10.1f ms  %5.1f%%\n", n.c_str(), ms, 100.0 * ms / std::max(pre_total, 1e-12));
+
   nlohmann::json j = {{"model", which}, {"format", format}, {"layers", layers}, {"tp", tp}, {"context", context},
                       {"prompt", prompt}, {"chunk", chunk}, {"bandwidth_gbs", bw / 1e9},
                       {"allreduce_us", allreduce_us}, {"allreduce_moe_us", allreduce_moe_us}, {"decode_step_us", step_us}, {"decode_step_with_head_us", full_us},
@@ -251,6 +262,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   nlohmann::json ops = nlohmann::json::object();
   for (const auto& [n, ms] : prof) ops[n] = ms * 1e3;
   j["decode_op_us"] = ops;
+  nlohmann::json pops = nlohmann::json::object();
+  for (const auto& [n, ms] : prefill_prof) pops[n] = ms;
+  j["prefill_op_ms"] = pops;
   std::printf("%s\n", j.dump().c_str());
   if (!json_path.empty()) {
     std::ofstream f(json_path);

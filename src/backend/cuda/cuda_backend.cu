@@ -332,6 +332,7 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
+    for (auto& e : eager_prof_) cudaEventDestroy(e.begin), cudaEventDestroy(e.end);
     for (auto& b : scratch_) cudaFree(b.first);
     for (auto& b : iscratch_) cudaFree(b.first);
     if (s_) cudaStreamDestroy(s_);
@@ -802,11 +803,19 @@ class CudaBackend final : public Backend {
 
   // Per-op GPU milliseconds of the last decode step (profile_ops), summed by op name in first-seen order.
   std::vector<std::pair<std::string, double>> op_profile() {
+    if (!last_step_) return {};
+    return sum_events(last_step_->prof, last_step_->prof_n);
+  }
+  std::vector<std::pair<std::string, double>> eager_profile() { return sum_events(eager_prof_, eager_n_); }
+  void set_eager_profiling(bool on) {
+    eager_profiling_ = on;
+    if (on) eager_n_ = 0;
+  }
+  std::vector<std::pair<std::string, double>> sum_events(const std::vector<DecodeGraph::OpEvents>& ev, size_t n) {
     std::vector<std::pair<std::string, double>> out;
-    if (!last_step_) return out;
     DSV4_CU(cudaStreamSynchronize(s_));
-    for (size_t i = 0; i < last_step_->prof_n; ++i) {
-      const auto& e = last_step_->prof[i];
+    for (size_t i = 0; i < n; ++i) {
+      const auto& e = ev[i];
       float ms = 0;
       DSV4_CU(cudaEventElapsedTime(&ms, e.begin, e.end));
       auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == e.name; });
@@ -1050,7 +1059,21 @@ class CudaBackend final : public Backend {
   struct OpScope {
     CudaBackend* b;
     size_t i = SIZE_MAX;
+    bool eager = false;
     OpScope(CudaBackend* be, const char* name) : b(be) {
+      if (!b->step_ && b->eager_profiling_) {  // an eager op (prefill chunk): events on the stream, read later
+        if (b->eager_n_ == b->eager_prof_.size()) {
+          DecodeGraph::OpEvents e{name, nullptr, nullptr};
+          DSV4_CU(cudaEventCreate(&e.begin));
+          DSV4_CU(cudaEventCreate(&e.end));
+          b->eager_prof_.push_back(e);
+        }
+        i = b->eager_n_++;
+        eager = true;
+        b->eager_prof_[i].name = name;
+        DSV4_CU(cudaEventRecord(b->eager_prof_[i].begin, b->s_));
+        return;
+      }
       if (!b->profiling_ || !b->step_) return;
       DecodeGraph& g = *b->step_;
       if (g.prof_n == g.prof.size()) {
@@ -1064,6 +1087,10 @@ class CudaBackend final : public Backend {
       b->record(g.prof[i].begin);
     }
     ~OpScope() {  // no throwing from a destructor: a failed record only loses this op's timing
+      if (eager) {
+        (void)cudaEventRecord(b->eager_prof_[i].end, b->s_);
+        return;
+      }
       if (i == SIZE_MAX || !b->step_) return;
       const cudaEvent_t e = b->step_->prof[i].end;
       (void)(b->capturing_ ? cudaEventRecordWithFlags(e, b->s_, cudaEventRecordExternal) : cudaEventRecord(e, b->s_));
@@ -1076,6 +1103,9 @@ class CudaBackend final : public Backend {
   CudaOptions opts_;
   DecodeGraph* last_step_ = nullptr;  // the step op_profile reads
   bool profiling_ = false;            // starts as opts_.profile_ops; set_profiling toggles it (new recordings only)
+  bool eager_profiling_ = false;      // set_eager_profiling: events around every op issued outside a decode recording
+  std::vector<DecodeGraph::OpEvents> eager_prof_;
+  size_t eager_n_ = 0;
  public:
   void set_profiling(bool on) { profiling_ = on; }
  private:
@@ -1117,6 +1147,8 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& opts) { return std
 namespace cuda_detail {
 std::vector<std::pair<std::string, double>> op_profile(Backend& b) { return dynamic_cast<CudaBackend&>(b).op_profile(); }
 void set_profiling(Backend& b, bool on) { dynamic_cast<CudaBackend&>(b).set_profiling(on); }
+void set_eager_profiling(Backend& b, bool on) { dynamic_cast<CudaBackend&>(b).set_eager_profiling(on); }
+std::vector<std::pair<std::string, double>> eager_profile(Backend& b) { return dynamic_cast<CudaBackend&>(b).eager_profile(); }
 void gather_logits(Backend& rank, float* logits) { dynamic_cast<CudaBackend&>(rank).gather_logits(logits); }
 void finish_collective(Backend& rank) { dynamic_cast<CudaBackend&>(rank).finish_collective(); }
 uint64_t weight_bytes(const Backend& rank) { return dynamic_cast<const CudaBackend&>(rank).weight_bytes(); }

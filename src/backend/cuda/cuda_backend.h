@@ -41,6 +41,10 @@ std::vector<std::pair<std::string, double>> cuda_op_profile(Backend& b);
 // Turns op profiling on/off for decode steps recorded from now on (every rank under TP). A recording keeps its events:
 // use a separate Forward (its own graph) for profiled and unprofiled timing.
 void cuda_set_op_profiling(Backend& b, bool on);
+// Eager (non-graph) ops, e.g. prefill chunks: GPU milliseconds per op class summed over every op issued since
+// cuda_set_eager_profiling(b, true) (events around each op; rank 0 under TP), in first-seen order.
+void cuda_set_eager_profiling(Backend& b, bool on);
+std::vector<std::pair<std::string, double>> cuda_eager_profile(Backend& b);
 // Tensor parallelism: median microseconds of one ncclAllReduce of `floats` fp32 values across all ranks, issued
 // back to back (as in a decode graph); 0 for a single GPU.
 double cuda_allreduce_us(Backend& b, size_t floats, int reps = 200);
@@ -50,11 +54,13 @@ double cuda_read_bandwidth(int device, size_t bytes);
 namespace cuda_detail {  // between the single-GPU backend and the TP backend
 std::vector<std::pair<std::string, double>> op_profile(Backend& rank);
 void set_profiling(Backend& rank, bool on);
+void set_eager_profiling(Backend& rank, bool on);
+std::vector<std::pair<std::string, double>> eager_profile(Backend& rank);
 void gather_logits(Backend& rank, float* logits);  // after the NCCL group that ran head()/mtp_head()
 void finish_collective(Backend& rank);              // after the NCCL group that ran attn_out()/moe()
 uint64_t weight_bytes(const Backend& rank);
 }  // namespace cuda_detail
 
-// Bytes of device memory the backend's weights occupy (stored formats + fp32 scales) on its GPU; per rank for TP.
+// Bytes of device memory the backend's weights occupy (stored formats, FP8 scales as fp32) on its GPU; per rank for TP.
 std::vector<uint64_t> cuda_weight_bytes(const Backend& b);
 }  // namespace dsv4

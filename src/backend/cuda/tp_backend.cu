@@ -372,6 +372,23 @@ void cuda_set_op_profiling(Backend& b, bool on) {
   cuda_detail::set_profiling(b, on);
 }
 
+void cuda_set_eager_profiling(Backend& b, bool on) {
+  if (auto* t = dynamic_cast<TpBackend*>(&b)) {
+    DSV4_CU(cudaSetDevice(t->device(0)));
+    cuda_detail::set_eager_profiling(t->rank(0), on);
+    return;
+  }
+  cuda_detail::set_eager_profiling(b, on);
+}
+
+std::vector<std::pair<std::string, double>> cuda_eager_profile(Backend& b) {
+  if (auto* t = dynamic_cast<TpBackend*>(&b)) {
+    DSV4_CU(cudaSetDevice(t->device(0)));
+    return cuda_detail::eager_profile(t->rank(0));
+  }
+  return cuda_detail::eager_profile(b);
+}
+
 double cuda_allreduce_us(Backend& b, size_t floats, int reps) {
   auto* t = dynamic_cast<TpBackend*>(&b);
   return t ? t->allreduce_us(floats, reps) : 0.0;
@@ -392,6 +409,8 @@ std::unique_ptr<Backend> make_tp_backend(const std::vector<int>&, const CudaOpti
 std::vector<uint64_t> cuda_weight_bytes(const Backend& b) { return {cuda_detail::weight_bytes(b)}; }
 std::vector<std::pair<std::string, double>> cuda_op_profile(Backend& b) { return cuda_detail::op_profile(b); }
 void cuda_set_op_profiling(Backend& b, bool on) { cuda_detail::set_profiling(b, on); }
+void cuda_set_eager_profiling(Backend& b, bool on) { cuda_detail::set_eager_profiling(b, on); }
+std::vector<std::pair<std::string, double>> cuda_eager_profile(Backend& b) { return cuda_detail::eager_profile(b); }
 double cuda_allreduce_us(Backend&, size_t, int) { return 0.0; }
 
 #endif

@@ -120,14 +120,24 @@ std::unique_ptr<HostLinear> make_linear(WeightFormat fmt, int64_t out, int64_t i
   h->ref.out = out;
   h->ref.in = in;
   std::uniform_int_distribution<int> sc(118, 124);
-  if (fmt == WeightFormat::FP8_E8M0) {
+  if (fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32) {
     vector<uint8_t> w(static_cast<size_t>(out * in));
     for (auto& b : w) b = rand_e4m3(g);
     const int64_t ro = (out + 127) / 128, co = (in + 127) / 128;
-    vector<uint8_t> s(static_cast<size_t>(ro * co));
-    for (auto& b : s) b = static_cast<uint8_t>(sc(g));
     h->w = std::make_unique<HostTensor>("w", ckpt::DType::F8_E4M3, vector<int64_t>{out, in}, std::move(w));
-    h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{ro, co}, std::move(s));
+    if (fmt == WeightFormat::FP8_E8M0) {
+      vector<uint8_t> s(static_cast<size_t>(ro * co));
+      for (auto& b : s) b = static_cast<uint8_t>(sc(g));
+      h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{ro, co}, std::move(s));
+    } else {  // fp32 scales that are not powers of two (the FP8_F32 export)
+      std::uniform_real_distribution<float> u(0.002f, 0.03f);
+      vector<uint8_t> s(static_cast<size_t>(ro * co * 4));
+      for (int64_t i = 0; i < ro * co; ++i) {
+        const float v = u(g);
+        std::memcpy(s.data() + 4 * i, &v, 4);
+      }
+      h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F32, vector<int64_t>{ro, co}, std::move(s));
+    }
   } else if (fmt == WeightFormat::BF16) {
     vector<uint8_t> w(static_cast<size_t>(out * in * 2));
     std::normal_distribution<float> nd(0.0f, 0.05f);
@@ -179,8 +189,21 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
   }
   cu::LinearArgs a;
   a.x = xin, a.ldx = in, a.n = n, a.y = dy.p, a.ldy = out, a.round_bf16 = official;
+  a.x_is_qa8 = official;  // as the backend sets it: n >= 16 FP8 takes the cuBLASLt GEMM (gemm_fp8.cu)
   cu::linear(W, a, nullptr);
-  expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
+  const bool gemm = cu::fp8_gemm_eligible(W, a);
+  expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n) + (gemm ? " (cuBLASLt)" : "")).c_str());
+  if (gemm) {
+    // The same product through the GEMV (no GEMM): the two GPU paths agree far below the official tolerance.
+    DBuf<float> dg(ref.size());
+    cu::LinearArgs b = a;
+    b.x_is_qa8 = false, b.y = dg.p;
+    ASSERT_FALSE(cu::fp8_gemm_eligible(W, b));
+    cu::linear(W, b, nullptr);
+    const Stats st = cmp(dy.get(), dg.get());
+    std::printf("[op] cuBLASLt vs GEMV %lldx%lld n=%d: rel L2 %.3g\n", (long long)out, (long long)in, n, st.rel);
+    EXPECT_LE(st.rel, 1e-3) << "cuBLASLt FP8 GEMM vs GEMV";
+  }
   // QA8 itself must be bit-exact (it is a pure function of each 128-block).
   if (official) {
     auto q = dq.get();
@@ -194,6 +217,14 @@ TEST(CudaOps, Fp8LinearWqaShape) {
     run_linear(1024, 4096, 1, off);
     run_linear(1024, 4096, 5, off);
   }
+}
+// Prefill-sized official linears: the cuBLASLt block-scaled FP8 GEMM (token counts a multiple of 4 and not, both
+// FP8 scale formats), against the CPU and against the GEMV.
+TEST(CudaOps, Fp8PrefillGemm) {
+  run_linear(1024, 4096, 64, true);
+  run_linear(32768, 1024, 37, true);
+  run_linear(4096, 8192, 256, true);
+  run_linear(2048, 4096, 16, true, WeightFormat::FP8_F32);
 }
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
@@ -230,9 +261,10 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
 }
 
 // ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
-TEST(CudaOps, Mxfp4ExpertsAndRouter) {
+// grouped: the prefill path (slots grouped by expert on the device, one block per (row tile, expert)).
+void run_experts(int n, bool grouped) {
   std::mt19937 g(11);
-  const int E = 8, k = 6, n = 2;
+  const int E = 8, k = 6;
   const int64_t d = 4096, I = 2048;
   const float lim = 10.0f;
   vector<std::unique_ptr<HostLinear>> w1, w2, w3;
@@ -316,6 +348,20 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) {
       a.x = dxq.p;
     }
     a.n = n, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = lim, a.official = official, a.act = dact.p;
+    DBuf<int32_t> doff(static_cast<size_t>(E + 1)), dperm(static_cast<size_t>(n * k));
+    if (grouped) {
+      cu::moe_group(dsel.p, n * k, E, doff.p, dperm.p, nullptr);
+      a.perm = dperm.p, a.offsets = doff.p, a.E = E;
+      // The grouping is a permutation of the slots, expert by expert.
+      const auto off = doff.get();
+      auto perm = dperm.get();
+      ASSERT_EQ(off[0], 0);
+      ASSERT_EQ(off[E], n * k);
+      for (int e = 0; e < E; ++e)
+        for (int i = off[e]; i < off[e + 1]; ++i) ASSERT_EQ(sel_ref[perm[i]], e) << "slot " << perm[i];
+      std::sort(perm.begin(), perm.end());
+      for (int i = 0; i < n * k; ++i) ASSERT_EQ(perm[i], i);
+    }
     cu::expert_gate_up(a, nullptr);
     a.act_q = dact.p;
     if (official) {
@@ -325,10 +371,14 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) {
     a.y = dy.p;
     cu::expert_down(a, nullptr);
     cu::moe_reduce(dy.p, nullptr, n, k, d, official, dout.p, nullptr);
-    expect_close(dout.get(), ref, official, "mxfp4 experts 6x(4096->2048->4096)");
+    expect_close(dout.get(), ref, official, (std::string("mxfp4 experts 6x(4096->2048->4096) n=") + std::to_string(n) +
+                                             (grouped ? " grouped" : "")).c_str());
   }
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
 }
+
+TEST(CudaOps, Mxfp4ExpertsAndRouter) { run_experts(2, false); }
+TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) { run_experts(20, true); }
 
 // ---- sparse attention with sink: window + top-k (CSA) or all compressed entries (HCA), split-KV on the GPU -------
 // kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible

@@ -1470,6 +1470,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 }
 
 #include "backend/cuda/gemv_xsmem.cuh"
+#include "backend/cuda/moe_grouped.cuh"
 
 // v3 (activation staged in shared memory) unless DSV4_GEMV=v2 (A/B measurements) or the row does not fit the budget.
 constexpr int64_t kXsMaxBytes = 96 * 1024;
@@ -1577,6 +1578,7 @@ bool gemv_vector_ok(int f, int64_t in, const void* w, const float* x, int64_t ld
 
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (fp8_gemm(W, a, s)) return;
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
   if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
@@ -1779,9 +1781,34 @@ bool expert_vector_ok(const ExpertArgs& a, const float* act) {
   return a.d % chunk_width(f) == 0 && a.I % chunk_width(f) == 0 && aligned16(act);
 }
 
+// Grouped prefill kernels: whole 8-element weight groups and 16-byte aligned activation rows.
+bool grouped_ok(const ExpertArgs& a, const float* act) {
+  return a.perm && a.offsets && a.E > 0 && a.d % 8 == 0 && a.I % 8 == 0 && aligned16(act);
+}
+
+void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s) {
+  if (nk <= 0) return;
+  const size_t sm = static_cast<size_t>(E) * 8;
+  set_smem(reinterpret_cast<const void*>(moe_group_kernel), sm);
+  launch(moe_group_kernel, 1, 1024, sm, s, sel, nk, E, offsets, perm);
+  DSV4_LAUNCHED();
+}
+
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   const int blk = fp4_block(a.fmt);
+  if (grouped_ok(a, a.x)) {
+    const dim3 grid(blocks_for(a.I, kGrpRows), a.E);
+    switch (fmt_of(a.fmt)) {
+      case kF32: launch(expert_gate_up_grouped<kF32>, grid, 128, 0, s, a, blk); break;
+      case kBF16: launch(expert_gate_up_grouped<kBF16>, grid, 128, 0, s, a, blk); break;
+      case kF16: launch(expert_gate_up_grouped<kF16>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_gate_up_grouped<kFP8>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_gate_up_grouped<kFP4>, grid, 128, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (!expert_vector_ok(a, a.x)) {
     const dim3 grid(blocks_for(a.I, kRowsPerBlock), a.n * a.k);
     switch (fmt_of(a.fmt)) {
@@ -1821,6 +1848,18 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   const int blk = fp4_block(a.fmt);
+  if (grouped_ok(a, a.act_q)) {
+    const dim3 grid(blocks_for(a.d, kGrpRows), a.E);
+    switch (fmt_of(a.fmt)) {
+      case kF32: launch(expert_down_grouped<kF32>, grid, 128, 0, s, a, blk); break;
+      case kBF16: launch(expert_down_grouped<kBF16>, grid, 128, 0, s, a, blk); break;
+      case kF16: launch(expert_down_grouped<kF16>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_down_grouped<kFP8>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_down_grouped<kFP4>, grid, 128, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (!expert_vector_ok(a, a.act_q)) {
     const dim3 grid(blocks_for(a.d, kRowsPerBlock), a.n * a.k);
     switch (fmt_of(a.fmt)) {

@@ -55,8 +55,14 @@ struct LinearArgs {
   int64_t group_rows = 0;
   int64_t group_x_off = 0;
   bool round_bf16 = false;
+  bool x_is_qa8 = false;  // x holds QA8 values (official numerics): FP8 weights may take the cuBLASLt GEMM
 };
+// Prefill-sized (n >= kFp8GemmMinTokens) FP8 linears with QA8 input run as one cuBLASLt block-scaled FP8 GEMM
+// (gemm_fp8.cu); everything else as the GEMV below.
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
+constexpr int kFp8GemmMinTokens = 16;
+bool fp8_gemm_eligible(const DevLinear& W, const LinearArgs& a);
+bool fp8_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // false: not eligible, nothing launched
 
 // QA8 (official): out[t, :] = fp8_sim(x[t, :]) with 1x128 UE8M0 blocks (a shorter last block follows the same rule).
 void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s);
@@ -231,7 +237,14 @@ struct ExpertArgs {
   float* act = nullptr;                    // [n, k, I]
   const float* act_q = nullptr;            // [n, k, I] act after QA8 (official) or act itself
   float* y = nullptr;                      // [n, k, d]
+  // Prefill (n >= kMoeGroupedMinTokens): the slots grouped by expert (moe_group); null: one block row per slot.
+  const int32_t* perm = nullptr;     // [n * k] slot indices, expert by expert
+  const int32_t* offsets = nullptr;  // [E + 1] where each expert's slots start in perm
+  int E = 0;
 };
+constexpr int kMoeGroupedMinTokens = 16;
+// Counting sort of the n*k routed slots by expert on the device: offsets [E + 1], perm [n*k].
+void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s);
 // act[t, j, :] = silu(min(w1 x, lim)) * clamp(w3 x, ±lim) * wgt ([official] bf16 on w1x, w3x and act). Fused SwiGLU.
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s);
 // y[t, j, :] = w2 act_q[t, j, :] ([official] bf16).

@@ -49,7 +49,7 @@ class Engine {
   EngineOptions opts_;
   ModelInfo info_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<BatchScratch> batch_;  // host scratch of Session::append_batch
+  std::unique_ptr<BatchScratch> batch_;  // Session::append_batch: its Forward and host scratch
 };
 
 // One sequence. sync(tokens) makes the state equal to having processed exactly `tokens`, reusing the longest common

@@ -99,7 +99,7 @@ Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
   kv_ = b.alloc_f32(n * c.head_dim);
   o_ = b.alloc_f32(n * c.n_heads * c.head_dim);
   y_ = b.alloc_f32(n * c.hidden);
-  logits_ = b.alloc_f32(n * c.vocab_size);
+  logits1_ = b.alloc_f32(c.vocab_size);
   ids_ = b.alloc_i32(n);
   mtp_ids_ = b.alloc_i32(n);
   topk_ = b.alloc_i32(n * static_cast<size_t>(std::max(c.index_topk, 1)));
@@ -174,13 +174,19 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
   try {
     b.embed(ids_, n, X_);
     for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts);
-    if (logits) b.head(X_, n, logits_);
+    if (logits) b.head(X_, n, logits_for(n));
   } catch (...) {
     for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
     throw;
   }
   for (int i = 0; i < n; ++i) sts[i]->set_tokens(pos[i] + 1);
-  if (logits) b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+  if (logits) b.download_f32(logits, logits_for(n), static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+}
+
+float* Forward::logits_for(int rows) {
+  if (rows <= 1) return logits1_;
+  if (!logits_n_) logits_n_ = m_.backend().alloc_f32(static_cast<size_t>(max_chunk_) * static_cast<size_t>(m_.config().vocab_size));
+  return logits_n_;
 }
 
 void Forward::check_position(const SequenceState& st, int64_t pos0, int n) const {
@@ -201,8 +207,9 @@ void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int
   b.upload_i32(mtp_ids_, next_ids, static_cast<size_t>(n));
   b.mtp_input(mtp_ids_, X_, n, Y_);
   block(c.n_layers, Y_, n, pos0, st);
-  b.mtp_head(Y_, n, logits_);
-  b.download_f32(logits, logits_, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+  float* lg = logits_for(n);
+  b.mtp_head(Y_, n, lg);
+  b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
 }
 
 void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits, bool last_only) {
@@ -214,6 +221,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
     if (ids[i] < 0 || ids[i] >= c.vocab_size) fail("token id ", ids[i], " at position ", pos0 + i, " is out of range [0, ", c.vocab_size, ")");
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
   const int rows = last_only ? 1 : n;
+  float* lg = logits ? logits_for(rows) : nullptr;  // before a decode recording starts (it may allocate)
   // A single-token step may be recorded once and replayed whole by the backend (Backend::begin_decode_step); the
   // ops and their order are the same either way.
   const StepMode mode = n == 1 ? b.begin_decode_step(ids_, st, pos0, logits != nullptr) : StepMode::Eager;
@@ -221,7 +229,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
     if (mode != StepMode::Replay) {
       b.embed(ids_, n, X_);
       for (int l = 0; l < c.n_layers; ++l) block(l, X_, n, pos0, st);
-      if (logits) b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, logits_);
+      if (logits) b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, lg);
     }
   } catch (...) {
     st.set_tokens(-1);
@@ -232,7 +240,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
   st.set_tokens(pos0 + n);
   last_n_ = n;
   last_pos0_ = pos0;
-  if (logits) b.download_f32(logits, logits_, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
+  if (logits) b.download_f32(logits, lg, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
 }
 
 }  // namespace dsv4

@@ -34,7 +34,9 @@ class Model {
 };
 
 // Runs chunks of one sequence (or one token of each of several sequences) through the model. All activation
-// buffers are allocated once for `max_chunk` tokens; forward() and forward_batch() perform no allocation.
+// buffers are allocated once for `max_chunk` tokens; forward() and forward_batch() perform no allocation, except that
+// the logits buffer for more than one row ([max_chunk, vocab], 132 MB at V4's vocabulary and a 256-token chunk) is
+// allocated the first time a call needs it: most Forwards (one per server session) only ever produce the last row.
 class Forward {
  public:
   Forward(Model& model, int max_chunk);
@@ -67,7 +69,12 @@ class Forward {
   // Backend-memory activations.
   int last_n_ = -1;
   int64_t last_pos0_ = -1;
-  float *X_, *Y_, *x_, *post_, *comb_, *qr_, *q_, *kv_, *o_, *y_, *logits_;
+  float *X_, *Y_, *x_, *post_, *comb_, *qr_, *q_, *kv_, *o_, *y_;
+  // Logits in backend memory: one row (decode steps, last-row prefill; a recorded decode graph keeps writing to this
+  // buffer, so it never moves), and [max_chunk, vocab] allocated on first need.
+  float* logits1_ = nullptr;
+  float* logits_n_ = nullptr;
+  float* logits_for(int rows);
   int32_t *ids_, *mtp_ids_, *topk_;
   Observer observer_;
 };

@@ -7,8 +7,11 @@
 
 namespace dsv4 {
 
-// Host-side scratch of batched decode, grown once to the largest batch (then a step allocates nothing).
+// Batched decode's own Forward (its multi-row logits buffer is allocated once, here, instead of in whichever
+// session happened to come first in a batch) and host scratch, grown once to the largest batch (then a step allocates
+// nothing).
 struct Engine::BatchScratch {
+  std::unique_ptr<Forward> fwd;
   std::vector<SequenceState*> states;
   std::vector<int32_t> ids;
   std::vector<int64_t> pos;
@@ -188,13 +191,14 @@ void Session::append_batch(const std::vector<Session*>& sessions, const std::vec
       if (sessions[j] == sessions[i]) fail("append_batch: session ", i, " appears twice");
     sessions[i]->check_append(tokens[i]);
   }
-  // Sessions share the engine's model; the first session's Forward (buffers for prefill_chunk tokens) runs the
-  // batch, in groups of at most that many sequences.
-  Forward& fwd = sessions[0]->impl_->fwd;
-  const size_t group = static_cast<size_t>(fwd.max_chunk());
-  const size_t V = static_cast<size_t>(engine.info().vocab_size);
+  // Sessions share the engine's model; the engine's batch Forward (buffers for prefill_chunk tokens) runs the batch,
+  // in groups of at most that many sequences. A group of one is an ordinary decode step of that session's own
+  // Forward (on the GPU its recorded decode graph is keyed by the Forward's buffers).
   if (!engine.batch_) engine.batch_ = std::make_unique<Engine::BatchScratch>();
   Engine::BatchScratch& B = *engine.batch_;
+  if (!B.fwd) B.fwd = std::make_unique<Forward>(engine.model(), sessions[0]->impl_->fwd.max_chunk());
+  const size_t group = static_cast<size_t>(B.fwd->max_chunk());
+  const size_t V = static_cast<size_t>(engine.info().vocab_size);
   const size_t need = std::min(group, sessions.size());
   if (B.ids.size() < need) {
     B.states.resize(need), B.ids.resize(need), B.pos.resize(need);
@@ -211,6 +215,7 @@ void Session::append_batch(const std::vector<Session*>& sessions, const std::vec
       s.impl_->logits_valid = false;
     }
     try {
+      Forward& fwd = n == 1 ? sessions[g0]->impl_->fwd : *B.fwd;
       fwd.forward_batch(B.states.data(), B.ids.data(), B.pos.data(), static_cast<int>(n), B.logits.data());
     } catch (...) {
       // Every session of this group may be half-updated: start them over, as a failed append() does. Earlier groups

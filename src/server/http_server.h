@@ -41,6 +41,7 @@ class HttpServer {
   Metrics& metrics_;
   ServerOptions opts_;
   std::unique_ptr<httplib::Server> svr_;
+  int listen_fd_ = -1;  // the listening socket, captured from httplib's socket-options hook (see bind())
 };
 
 }  // namespace dsv4::server

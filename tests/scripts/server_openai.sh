@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dsv4 serve` end to end with the official openai SDK (issue 7): tiny random model, CPU, two servers on free
 # loopback ports (main with the test hook, aux with an API key and a 1-slot/1-queue bound). Args: DSV4_BIN SOURCE_DIR
-# BINARY_DIR. Optional env DSV4_SERVER_TEST_PER_CLIENT: requests per client in the 16-client concurrency check.
+# BINARY_DIR. Optional env DSV4_SERVER_TEST_PER_CLIENT: requests per client in the 16-client concurrency check;
+# DSV4_SERVER_TEST_MAX_BATCH: the main server's --max-batch (default 16; 1 = no batching, the check must fail).
 set -u
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
@@ -23,7 +24,7 @@ start() {  # start NAME ARGS...: serve on a free port (--port 0), wait for the b
   done
   echo "server $name did not start: $(cat "$tmp/$name.log")"; return 1
 }
-start main --max-batch 16 --enable-test-hooks || exit 1
+start main --max-batch "${DSV4_SERVER_TEST_MAX_BATCH:-16}" --enable-test-hooks || exit 1
 main=$url
 start aux --max-batch 1 --max-queue 1 --api-key sekret || exit 1
 aux=$url

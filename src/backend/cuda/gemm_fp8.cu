@@ -71,7 +71,7 @@ struct LtContext {
   size_t sc_bytes = 0;
   float* d = nullptr;  // output staging when n is not a multiple of 4
   size_t d_bytes = 0;
-  std::map<std::tuple<int64_t, int64_t, int, int64_t>, cublasLtMatmulAlgo_t> algos;  // (N, K, m_pad, ldd)
+  std::map<std::tuple<int64_t, int64_t, int, uint32_t, uint32_t>, cublasLtMatmulAlgo_t> algos;  // N, K, m_pad, aligns
 };
 
 LtContext& context() {
@@ -86,6 +86,15 @@ LtContext& context() {
     DSV4_CU(cudaMalloc(&c.workspace, c.workspace_bytes));
   }
   return c;
+}
+
+// The pointer's alignment (a power of two, at most 256): the heuristic must only offer algorithms that can use it
+// (its default assumption is 256 bytes; stacked weight pairs and scratch offsets may be less aligned).
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
 }
 
 template <typename T>
@@ -142,13 +151,19 @@ bool fp8_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   DSV4_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, static_cast<uint64_t>(K), static_cast<uint64_t>(m_pad), K));
   DSV4_LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, static_cast<uint64_t>(N), static_cast<uint64_t>(m_pad), N));
 
-  const auto key = std::make_tuple(N, K, m_pad, N);
+  const uint32_t align_a = alignment(W.w), align_d = alignment(d);
+  const auto key = std::make_tuple(N, K, m_pad, align_a, align_d);
   auto it = c.algos.find(key);
   if (it == c.algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
     DSV4_LT(cublasLtMatmulPreferenceCreate(&pref));
     DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c.workspace_bytes,
                                                  sizeof(c.workspace_bytes)));
+    const uint32_t align_b = 256;  // q comes straight from cudaMalloc
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
     cublasLtMatmulHeuristicResult_t h{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c.handle, op, la, lb, ld, ld, pref, 1, &h, &found);

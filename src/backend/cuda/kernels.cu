@@ -1472,6 +1472,16 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_xsmem.cuh"
 #include "backend/cuda/moe_grouped.cuh"
 
+// Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
+int sm_count() {
+  static int cache[64] = {0};
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) fail("CUDA device ordinal ", dev, " out of range");
+  if (cache[dev] == 0) DSV4_CU(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
+  return cache[dev];
+}
+
 // v3 (activation staged in shared memory) unless DSV4_GEMV=v2 (A/B measurements) or the row does not fit the budget.
 constexpr int64_t kXsMaxBytes = 96 * 1024;
 bool use_xs(int64_t in) {
@@ -1599,6 +1609,22 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   int ks = 1;
   while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
   const int64_t block_rows = (8 / ks) * kGemvR;
+  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
+  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
+  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
+      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks) {
+    const size_t sm = static_cast<size_t>(W.in) * 4;
+    const dim3 grid(static_cast<unsigned>(persistent_blocks));
+    switch (f) {
+      case kF32: allow_smem(gemv_xs_tiles_kernel<kF32>, sm), launch(gemv_xs_tiles_kernel<kF32>, grid, 256, sm, s, r, W.out, a); break;
+      case kBF16: allow_smem(gemv_xs_tiles_kernel<kBF16>, sm), launch(gemv_xs_tiles_kernel<kBF16>, grid, 256, sm, s, r, W.out, a); break;
+      case kF16: allow_smem(gemv_xs_tiles_kernel<kF16>, sm), launch(gemv_xs_tiles_kernel<kF16>, grid, 256, sm, s, r, W.out, a); break;
+      case kFP8: allow_smem(gemv_xs_tiles_kernel<kFP8>, sm), launch(gemv_xs_tiles_kernel<kFP8>, grid, 256, sm, s, r, W.out, a); break;
+      case kFP4: allow_smem(gemv_xs_tiles_kernel<kFP4>, sm), launch(gemv_xs_tiles_kernel<kFP4>, grid, 256, sm, s, r, W.out, a); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
     const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)));

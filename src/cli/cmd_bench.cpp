@@ -1,7 +1,8 @@
 // dsv4 bench --synthetic flash|pro: the whole model forward on synthetic full-size weights (real shapes and stored
 // formats, random values; model/synthetic_weights.h) on the GPU(s), in one run: streaming-read bandwidth, prefill
 // tokens/s of a P-token prompt, batch-1 decode step time at context C (median of graph replays) with the bytes the step
-// reads and the resulting fraction of the bandwidth bound, and the decode time split by op. Table + JSON.
+// reads and the resulting fraction of the bandwidth bound, the decode time split by op (one GPU), the prefill time
+// split by op, and with --batch B the batched decode step of B sequences. Table + JSON.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -92,7 +93,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       ->required()->check(CLI::IsMember({"flash", "pro"}));
   app.add_option("--layers", layers, "main layers to build (default: all; Flash at full depth needs --tp 2)");
   app.add_option("--context", context, "decode at this context length")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--batch", batch, "decode batch (sequences per step)")->check(CLI::Range(1, 256));
+  app.add_option("--batch", batch, "also time batched decode: one token of each of B sequences per step (each "
+                 "prefilled to the context first, untimed)")->check(CLI::Range(1, 256));
   app.add_option("--prompt", prompt, "prefill a prompt of this many tokens, timed (default: the context)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--tp", tp, "tensor-parallel GPUs (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
@@ -103,9 +105,6 @@ int cmd_bench(const std::vector<std::string>& args) {
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results survive a run killed by a time limit
-  if (batch != 1)
-    fail("--batch ", batch, ": the CUDA backend decodes one sequence per step so far; batched decode is not implemented "
-         "on the GPU yet (measure with --batch 1)");
   if (prompt < 0) prompt = context;
   if (prompt > context) fail("--prompt (", prompt, ") must not exceed --context (", context, ")");
   const dsv4::ModelConfig full = which == "flash" ? dsv4::flash_config() : dsv4::pro_config();
@@ -135,9 +134,11 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   // Random prompt tokens (a fixed seed: runs are comparable).
   std::mt19937 rng(7);
-  std::vector<int32_t> ids(static_cast<size_t>(context) + 2 * static_cast<size_t>(steps) + 16);
+  // Capacity: the single-sequence decode (2 x (steps + 2) + 3 profiled steps), then the batched steps (steps + 2).
+  const int64_t capacity = context + 4 * static_cast<int64_t>(steps) + 32;
+  std::vector<int32_t> ids(static_cast<size_t>(capacity));
   for (auto& t : ids) t = static_cast<int32_t>(rng() % 128000u + 100u);
-  auto st = be->new_sequence(context + 2 * steps + 16);
+  auto st = be->new_sequence(capacity);
 
   // Prefill: the first `prompt` tokens timed, the rest up to the context untimed.
   dsv4::Forward pre(model, chunk);
@@ -199,6 +200,41 @@ int cmd_bench(const std::vector<std::string>& args) {
       tp > 1 ? dsv4::cuda_allreduce_us(*be, static_cast<size_t>(cfg.hidden) * (cfg.n_experts_per_tok + 1)) : 0.0;
   if (tp > 1) std::fprintf(stderr, "[bench] all-reduce latency measured\n");
 
+  // Batched decode (what the server runs with several requests decoding): B sequences, the first being the one timed
+  // above, the others prefilled to the context (untimed); each step is one forward_batch of one token per sequence,
+  // with the LM head. On the GPU this is the generic path (position-free ops once over the B rows, the attention-side
+  // ops per row, no CUDA graph), so it measures what batching buys today, not a batched-kernel design.
+  double batch_step_us = 0;
+  if (batch > 1) {
+    std::vector<std::unique_ptr<dsv4::SequenceState>> extra;
+    std::vector<dsv4::SequenceState*> sts{st.get()};
+    std::vector<int64_t> bpos{pos};
+    for (int b = 1; b < batch; ++b) {
+      extra.push_back(be->new_sequence(capacity));
+      for (int64_t p = 0; p < context; p += chunk) {
+        const int n = static_cast<int>(std::min<int64_t>(chunk, context - p));
+        pre.forward(*extra.back(), ids.data() + p, n, p, nullptr, true);
+      }
+      sts.push_back(extra.back().get());
+      bpos.push_back(context);
+      std::fprintf(stderr, "[bench] batch sequence %d/%d prefilled\n", b + 1, batch);
+    }
+    be->synchronize();
+    dsv4::Forward decb(model, batch);
+    std::vector<int32_t> bids(static_cast<size_t>(batch));
+    std::vector<float> blogits(static_cast<size_t>(batch) * static_cast<size_t>(cfg.vocab_size));
+    std::vector<double> tb;
+    for (int i = 0; i < steps + 2; ++i) {
+      for (int b = 0; b < batch; ++b) bids[static_cast<size_t>(b)] = ids[static_cast<size_t>(bpos[static_cast<size_t>(b)] % context)];
+      const auto a = Clock::now();
+      decb.forward_batch(sts.data(), bids.data(), bpos.data(), batch, blogits.data());  // downloads: synchronous
+      if (i >= 2) tb.push_back(secs(a, Clock::now()) * 1e6);
+      for (auto& p : bpos) ++p;
+    }
+    batch_step_us = median(tb);
+    std::fprintf(stderr, "[bench] batched decode (%d sequences): median %.1f us per step\n", batch, batch_step_us);
+  }
+
   // Bytes per decode token on rank 0 (its shards), at the middle of the timed steps.
   g_tp = tp;
   const dsv4::ModelWeights& w0 = model.weights();  // full weights; device_bytes() takes one rank's share
@@ -232,6 +268,9 @@ int cmd_bench(const std::vector<std::string>& args) {
               step_us / bound_us, 100.0 * bound_us / step_us);
   std::printf("    per layer                  %8.1f us  (bound %.1f us)\n", per_layer_us, per_layer_bound);
   std::printf("  decode step with LM head     %8.1f us  (head + logits copy %.1f us; head %.0f MB)\n", full_us, head_us, head_bytes / 1e6);
+  if (batch > 1)
+    std::printf("  batched decode, %d sequences %8.1f us per step with LM head = %.1f tok/s aggregate (%.1f us per token; "
+                "batch 1: %.1f us)\n", batch, batch_step_us, batch * 1e6 / batch_step_us, batch_step_us / batch, full_us);
   std::printf("  -> %d layers: %.1f tok/s; extrapolated to %d layers: %.1f tok/s (this run's layer mix scaled)\n", layers,
               1e6 / full_us, full.n_layers, 1e6 / full_depth_step_us);
   std::printf("  prefill %lld tokens (chunk %d) %8.2f s = %.0f tok/s; extrapolated to %d layers: %.0f tok/s\n",
@@ -258,7 +297,8 @@ int cmd_bench(const std::vector<std::string>& args) {
                       {"weight_bytes_per_step", total.weights}, {"kv_bytes_per_step", total.kv},
                       {"decode_tok_s", 1e6 / full_us}, {"decode_tok_s_full_depth", 1e6 / full_depth_step_us},
                       {"prefill_s", prefill_s}, {"prefill_tok_s", prefill_tps}, {"prefill_tok_s_full_depth", prefill_tps_full},
-                      {"load_s", load_s}};
+                      {"load_s", load_s}, {"batch", batch}, {"batch_step_us", batch_step_us},
+                      {"batch_tok_s", batch > 1 ? batch * 1e6 / batch_step_us : 0.0}};
   nlohmann::json ops = nlohmann::json::object();
   for (const auto& [n, ms] : prof) ops[n] = ms * 1e3;
   j["decode_op_us"] = ops;

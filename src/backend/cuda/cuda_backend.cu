@@ -77,7 +77,7 @@ class DevHeap {
     a = linear(ra);
     b = linear(rb);
     const bool fp8 = a.fmt == WeightFormat::FP8_E8M0 || a.fmt == WeightFormat::FP8_F32;
-    const bool fp4 = a.fmt == WeightFormat::MXFP4 || a.fmt == WeightFormat::NVFP4;
+    const bool fp4 = a.fp4();
     if (a.fmt != b.fmt || a.in != b.in || a.sb_cols != b.sb_cols || (fp8 && a.out % 128 != 0) || a.scale2 != b.scale2) return;
     auto data_bytes = [&](const DevLinear& l) -> size_t {
       const int64_t e = l.out * l.in;

@@ -45,76 +45,13 @@ __device__ __forceinline__ uint32_t raw_scale(const void* sp, int64_t c, int blk
   } else return 0u;
 }
 
-// Same arithmetic as chunk_dot (v2), with x from the rotated shared copy and the scale already loaded.
+// chunk_math with x from the rotated shared copy and the scale(s) already loaded as raw bits (raw_scale).
 template <int F>
 __device__ __forceinline__ float chunk_dot_s(const uint4& q, const float* xs, int64_t c, uint32_t sraw, int blk, float g) {
-  const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-  using X = XRot<F>;
-  if constexpr (F == kFP8) {
-    float s = 0.0f;
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const float4 xv = X::at(xs, c, h);
-      __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] & 0xFFFFu), __NV_E4M3);
-      __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] >> 16), __NV_E4M3);
-      const float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo)), b = __half22float2(*reinterpret_cast<__half2*>(&hi));
-      s = fmaf(a.x, xv.x, s);
-      s = fmaf(a.y, xv.y, s);
-      s = fmaf(b.x, xv.z, s);
-      s = fmaf(b.y, xv.w, s);
-    }
-    return s * __uint_as_float(sraw);
-  } else if constexpr (F == kFP4) {
-    float part[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float s = 0.0f;
-#pragma unroll
-      for (int h = 2 * half; h < 2 * half + 2; ++h) {
-        const float4 x0 = X::at(xs, c, 2 * h), x1 = X::at(xs, c, 2 * h + 1);
-        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 v = e2m1_pair(wd[h] >> (4 * k));
-          s = fmaf(v.x, xv[k], s);
-          s = fmaf(v.y, xv[k + 4], s);
-        }
-      }
-      part[half] = s * 16384.0f;
-    }
-    if (blk == 16) return part[0] * fp4_scale_dec(sraw & 0xFFu, 16, g) + part[1] * fp4_scale_dec(sraw >> 8, 16, g);
-    return (part[0] + part[1]) * fp4_scale_dec(sraw, 32, g);
-  } else if constexpr (F == kBF16 || F == kF16) {
-    float s = 0.0f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 xv = X::at(xs, c, h);
-      float v[4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t u = wd[2 * h + j];
-        if constexpr (F == kBF16) {
-          v[2 * j] = __uint_as_float(u << 16);
-          v[2 * j + 1] = __uint_as_float(u & 0xFFFF0000u);
-        } else {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
-          v[2 * j] = f.x;
-          v[2 * j + 1] = f.y;
-        }
-      }
-      s = fmaf(v[0], xv.x, s);
-      s = fmaf(v[1], xv.y, s);
-      s = fmaf(v[2], xv.z, s);
-      s = fmaf(v[3], xv.w, s);
-    }
-    return s;
-  } else {
-    const float4 xv = X::at(xs, c, 0);
-    float s = __uint_as_float(wd[0]) * xv.x;
-    s = fmaf(__uint_as_float(wd[1]), xv.y, s);
-    s = fmaf(__uint_as_float(wd[2]), xv.z, s);
-    return fmaf(__uint_as_float(wd[3]), xv.w, s);
-  }
+  return chunk_math<F>(q, [xs, c](int i) { return XRot<F>::at(xs, c, i); }, blk, [sraw, blk, g](int i) {
+    if constexpr (F == kFP8) return __uint_as_float(sraw);
+    else return fp4_scale_dec(blk == 16 ? (sraw >> (8 * i)) & 0xFFu : sraw, blk, g);
+  });
 }
 
 // U chunk-steps of R rows held in registers: weights and their scales.

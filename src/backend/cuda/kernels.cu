@@ -1186,16 +1186,18 @@ __device__ __forceinline__ float2 e2m1_pair(uint32_t w) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
-// Partial dot of one 16-byte weight chunk q (chunk index c of its row; sp = the row's scale pointer) with x[0..CW).
-template <int F>
-__device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restrict__ x, const void* sp, int64_t c, int blk,
-                                           float g) {
+// Partial dot of one 16-byte weight chunk q with the chunk's CW activations, read as float4 groups xg(0..CW/4) (from
+// global memory in v2, from the rotated shared copy in v3: one arithmetic for both). sc(i): the chunk's block scale i,
+// asked for only after the sums (v2 loads it then) — FP8: sc(0); FP4: sc(0) for a 32-block, sc(0) / sc(1) for the two
+// 16-blocks (NVFP4); not called for BF16/F16/F32.
+template <int F, typename XG, typename SC>
+__device__ __forceinline__ float chunk_math(const uint4& q, XG xg, int blk, SC sc) {
   const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
   if constexpr (F == kFP8) {
     float s = 0.0f;
 #pragma unroll
     for (int h = 0; h < 4; ++h) {
-      const float4 xv = __ldg(reinterpret_cast<const float4*>(x) + h);
+      const float4 xv = xg(h);
       __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] & 0xFFFFu), __NV_E4M3);
       __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(wd[h] >> 16), __NV_E4M3);
       const float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo)), b = __half22float2(*reinterpret_cast<__half2*>(&hi));
@@ -1204,7 +1206,7 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
       s = fmaf(b.x, xv.z, s);
       s = fmaf(b.y, xv.w, s);
     }
-    return s * fp8_scale(sp, c >> 3);
+    return s * sc(0);
   } else if constexpr (F == kFP4) {
     float part[2];
 #pragma unroll
@@ -1212,8 +1214,7 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
       float s = 0.0f;
 #pragma unroll
       for (int h = 2 * half; h < 2 * half + 2; ++h) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + 8 * h));
-        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + 8 * h + 4));
+        const float4 x0 = xg(2 * h), x1 = xg(2 * h + 1);
         const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -1224,13 +1225,13 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
       }
       part[half] = s * 16384.0f;
     }
-    if (blk == 16) return part[0] * fp4_scale(sp, 2 * c, 16, g) + part[1] * fp4_scale(sp, 2 * c + 1, 16, g);
-    return (part[0] + part[1]) * fp4_scale(sp, c, 32, g);
+    if (blk == 16) return part[0] * sc(0) + part[1] * sc(1);
+    return (part[0] + part[1]) * sc(0);
   } else if constexpr (F == kBF16 || F == kF16) {
     float s = 0.0f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float4 xv = __ldg(reinterpret_cast<const float4*>(x) + h);
+      const float4 xv = xg(h);
       float v[4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -1251,12 +1252,23 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restri
     }
     return s;
   } else {
-    const float4 xv = __ldg(reinterpret_cast<const float4*>(x));
+    const float4 xv = xg(0);
     float s = __uint_as_float(wd[0]) * xv.x;
     s = fmaf(__uint_as_float(wd[1]), xv.y, s);
     s = fmaf(__uint_as_float(wd[2]), xv.z, s);
     return fmaf(__uint_as_float(wd[3]), xv.w, s);
   }
+}
+
+// v2: chunk index c of its row (sp = the row's scale pointer), activations x[0..CW) in global memory.
+template <int F>
+__device__ __forceinline__ float chunk_dot(const uint4& q, const float* __restrict__ x, const void* sp, int64_t c, int blk,
+                                           float g) {
+  return chunk_math<F>(
+      q, [x](int i) { return __ldg(reinterpret_cast<const float4*>(x) + i); }, blk, [sp, c, blk, g](int i) {
+        if constexpr (F == kFP8) return fp8_scale(sp, c >> 3);
+        else return blk == 16 ? fp4_scale(sp, 2 * c + i, 16, g) : fp4_scale(sp, c, 32, g);
+      });
 }
 
 // One warp, R rows (row byte pointers wp, scale pointers sp), chunks [cb, ce) of each row, nt <= NT tokens of x at

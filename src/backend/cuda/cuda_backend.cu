@@ -706,11 +706,12 @@ class CudaBackend final : public Backend {
     a.x = xq, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
     a.official = official_;
     a.act = scratch(17, static_cast<size_t>(n) * k * I);
-    if (n >= cuda::kMoeGroupedMinTokens) {  // prefill: group the slots by expert so each expert is read once
+    if (n >= cuda::kMoeGroupedMinTokens && cuda::prefill_gemm_enabled()) {  // prefill: group the slots by expert so each expert is read once
       int32_t* offsets = iscratch(1, static_cast<size_t>(E) + 1);
       int32_t* perm = iscratch(2, static_cast<size_t>(n) * k);
       cuda::moe_group(sel, n * k, E, offsets, perm, s_);
       a.perm = perm, a.offsets = offsets, a.E = E;
+      a.x_bf16_exact = official_ && lowp;  // x and act_q are QA8 values
     }
     cuda::expert_gate_up(a, s_);
     a.act_q = a.act;

@@ -19,8 +19,9 @@ namespace {
 std::vector<int32_t> prefix(const std::vector<int32_t>& v, size_t n) { return {v.begin(), v.begin() + static_cast<long>(n)}; }
 
 // The CPU session test (tests/runtime/session_test.cpp) on the CUDA backend: after sync(A), sync(B) restores a
-// snapshot and recomputes only past it, and B's logits match a fresh session's to rel L2 <= 1e-6 (reference
-// numerics). Not bit for bit: measured on one H200, about half of the rollbacks (and a full recompute of A after
+// snapshot and recomputes only past it, and B's logits match a fresh session's to rel L2 <= 1e-5 (reference
+// numerics; 1e-6 until the prefill GEMM: a chunk of >= 16 tokens runs the tensor-core GEMM, a shorter recomputed tail
+// the GEMV, whose fp32 sums differ in order — measured 2.9e-6 and 3.6e-6 on flash_fp8). Not bit for bit: measured on one H200, about half of the rollbacks (and a full recompute of A after
 // another sequence ran in the same session) differ from a fresh session by rel L2 1e-7..3e-7 even with identical
 // chunk boundaries, i.e. some CUDA kernel's result depends on memory a previous sequence left behind (scratch or
 // cache rows past the live ones). Open: find it; the bit-equal count is printed so the fix shows.
@@ -49,11 +50,11 @@ TEST(CudaSession, PrefixReuseMatchesFreshSession) {
       EXPECT_LE(s->last_computed(), static_cast<int64_t>(cut % 64 + 2)) << name << ": did not reuse the prefix at " << cut;
       const auto want = fresh(b);
       const bool same = std::memcmp(s->logits().data(), want.data(), want.size() * 4) == 0;
-      EXPECT_LE(rel_l2(s->logits(), want), 1e-6) << name << " cut " << cut;
+      EXPECT_LE(rel_l2(s->logits(), want), 1e-5) << name << " cut " << cut;
       bit_equal += same, ++cases;
       s->sync(ids);
       const auto wantA = fresh(ids);
-      EXPECT_LE(rel_l2(s->logits(), wantA), 1e-6) << name << " back from " << cut;
+      EXPECT_LE(rel_l2(s->logits(), wantA), 1e-5) << name << " back from " << cut;
     }
     // Divergence near the end: the tail snapshot is restored (different chunk boundaries than a fresh run).
     std::vector<int32_t> near_end = prefix(ids, ids.size() - 6);
@@ -63,13 +64,13 @@ TEST(CudaSession, PrefixReuseMatchesFreshSession) {
     const auto want_ne = fresh(near_end);
     const double r = rel_l2(s->logits(), want_ne);
     const bool same_ne = std::memcmp(s->logits().data(), want_ne.data(), want_ne.size() * 4) == 0;
-    EXPECT_LE(r, 1e-6) << name;
+    EXPECT_LE(r, 1e-5) << name;
     // Decode after a rollback (graph replays on restored state) = the fresh session's decode.
     s->append(ids[ids.size() - 5]);
     EXPECT_EQ(s->last_computed(), 1);
     near_end.push_back(ids[ids.size() - 5]);
     const double r2 = rel_l2(s->logits(), fresh(near_end));
-    EXPECT_LE(r2, 1e-6) << name;
+    EXPECT_LE(r2, 1e-5) << name;
     std::printf("[cuda-session] %-10s chunk %-3d snapshot rollbacks bit-equal %d/%d; tail rollback rel L2 %.3g (%s), then decode %.3g\n",
                 name, chunk, bit_equal, cases, r, same_ne ? "bit-equal" : "differs", r2);
   }

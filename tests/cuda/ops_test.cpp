@@ -120,14 +120,24 @@ std::unique_ptr<HostLinear> make_linear(WeightFormat fmt, int64_t out, int64_t i
   h->ref.out = out;
   h->ref.in = in;
   std::uniform_int_distribution<int> sc(118, 124);
-  if (fmt == WeightFormat::FP8_E8M0) {
+  if (fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32) {
     vector<uint8_t> w(static_cast<size_t>(out * in));
     for (auto& b : w) b = rand_e4m3(g);
     const int64_t ro = (out + 127) / 128, co = (in + 127) / 128;
-    vector<uint8_t> s(static_cast<size_t>(ro * co));
-    for (auto& b : s) b = static_cast<uint8_t>(sc(g));
     h->w = std::make_unique<HostTensor>("w", ckpt::DType::F8_E4M3, vector<int64_t>{out, in}, std::move(w));
-    h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{ro, co}, std::move(s));
+    if (fmt == WeightFormat::FP8_E8M0) {
+      vector<uint8_t> s(static_cast<size_t>(ro * co));
+      for (auto& b : s) b = static_cast<uint8_t>(sc(g));
+      h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F8_E8M0, vector<int64_t>{ro, co}, std::move(s));
+    } else {  // fp32 scales that are not powers of two (the FP8_F32 export)
+      std::uniform_real_distribution<float> u(0.002f, 0.03f);
+      vector<uint8_t> s(static_cast<size_t>(ro * co * 4));
+      for (int64_t i = 0; i < ro * co; ++i) {
+        const float v = u(g);
+        std::memcpy(s.data() + 4 * i, &v, 4);
+      }
+      h->s = std::make_unique<HostTensor>("w.scale", ckpt::DType::F32, vector<int64_t>{ro, co}, std::move(s));
+    }
   } else if (fmt == WeightFormat::BF16) {
     vector<uint8_t> w(static_cast<size_t>(out * in * 2));
     std::normal_distribution<float> nd(0.0f, 0.05f);
@@ -179,8 +189,27 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
   }
   cu::LinearArgs a;
   a.x = xin, a.ldx = in, a.n = n, a.y = dy.p, a.ldy = out, a.round_bf16 = official;
+  a.x_is_qa8 = official;  // as the backend sets it: x is QA8 exactly when official and W is FP8/FP4
   cu::linear(W, a, nullptr);
-  expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
+  const bool gemm = cu::prefill_gemm_eligible(W, a);
+  EXPECT_EQ(gemm, n >= cu::kGemmMinTokens) << "prefill-sized linears take the tensor-core GEMM";
+  expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n) + (gemm ? " (GEMM)" : "")).c_str());
+  if (gemm) {
+    // Before the BF16 output rounding, the GEMM and the GEMV compute the same fp32 function and differ only by
+    // summation order (and the tensor cores' fp32 accumulation, which is not round-to-nearest): measured on the H200
+    // 1.1e-6 to 9.2e-6 rel L2, growing with K (K = 8192 the largest). The FP8 tensor cores' 9.2e-4 (see
+    // prefill_gemm.cu) would fail this by 45x; a lost BF16 term (2^-9 per element) by 100x.
+    DBuf<float> dg(ref.size()), dm(ref.size());
+    cu::LinearArgs b = a;
+    b.round_bf16 = false, b.y = dg.p;
+    cu::gemv(W, b, nullptr);
+    b.y = dm.p;
+    cu::linear(W, b, nullptr);
+    const Stats st = cmp(dm.get(), dg.get());
+    std::printf("[op] GEMM vs GEMV %s %lldx%lld n=%d (unrounded): rel L2 %.3g\n", official ? "official " : "reference",
+                (long long)out, (long long)in, n, st.rel);
+    EXPECT_LE(st.rel, 2e-5) << "GEMM vs GEMV";
+  }
   // QA8 itself must be bit-exact (it is a pure function of each 128-block).
   if (official) {
     auto q = dq.get();
@@ -194,6 +223,17 @@ TEST(CudaOps, Fp8LinearWqaShape) {
     run_linear(1024, 4096, 1, off);
     run_linear(1024, 4096, 5, off);
   }
+}
+// Prefill-sized linears: the tensor-core GEMM with exact BF16-term operands (1 x 1 terms: QA8 x FP8 E8M0; 3 x 1:
+// FP8 with fp32 scales; 1 x 3: fp32 activations), token counts odd and even, against the CPU and the GEMV.
+TEST(CudaOps, PrefillGemm) {
+  run_linear(1024, 4096, 64, true);
+  run_linear(32768, 1024, 37, true);
+  run_linear(4096, 8192, 256, true);
+  run_linear(2048, 4096, 16, true, WeightFormat::FP8_F32);
+  run_linear(1024, 4096, 33, false);
+  run_linear(1000, 4096, 20, false, WeightFormat::BF16);
+  run_linear(1000, 1024, 24, true, WeightFormat::MXFP4);
 }
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
@@ -209,12 +249,11 @@ TEST(CudaOps, LinearFormatsAndSplits) {
   run_linear(1000, 80 * 16, 6, false);
   run_linear(300, 200, 2, false);
 }
-TEST(CudaOps, Fp8LinearGroupedWoA) {
+void run_grouped_wo_a(int n) {
   // wo_a: 8 groups x 1024 rows, each group reading its own 4096-slice of the 64 x 512 attention output (plain dot).
   std::mt19937 g(5);
   const int64_t G = 8, ro = 1024, gin = 4096;
   auto L = make_linear(WeightFormat::FP8_E8M0, G * ro, gin, g);
-  const int n = 2;
   vector<float> u = randn(static_cast<size_t>(n * G * gin), g);
   vector<float> ref(static_cast<size_t>(n * G * ro));
   for (int t = 0; t < n; ++t)
@@ -225,14 +264,20 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
   cu::LinearArgs a;
   a.x = du.p, a.ldx = G * gin, a.n = n, a.y = dz.p, a.ldy = G * ro, a.group_rows = ro, a.group_x_off = gin;
   cu::linear(W, a, nullptr);
-  expect_close(dz.get(), ref, false, "grouped wo_a 8x1024x4096");
+  expect_close(dz.get(), ref, false, (std::string("grouped wo_a 8x1024x4096 n=") + std::to_string(n) +
+                                      (cu::prefill_gemm_eligible(W, a) ? " (GEMM)" : "")).c_str());
   cu::free_linear(W);
+}
+TEST(CudaOps, Fp8LinearGroupedWoA) {
+  run_grouped_wo_a(2);
+  run_grouped_wo_a(40);  // the GEMM, one per group
 }
 
 // ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
-TEST(CudaOps, Mxfp4ExpertsAndRouter) {
+// grouped: the prefill path (slots grouped by expert on the device, one block per (row tile, expert)).
+void run_experts(int n, bool grouped) {
   std::mt19937 g(11);
-  const int E = 8, k = 6, n = 2;
+  const int E = 8, k = 6;
   const int64_t d = 4096, I = 2048;
   const float lim = 10.0f;
   vector<std::unique_ptr<HostLinear>> w1, w2, w3;
@@ -316,6 +361,21 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) {
       a.x = dxq.p;
     }
     a.n = n, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = lim, a.official = official, a.act = dact.p;
+    DBuf<int32_t> doff(static_cast<size_t>(E + 1)), dperm(static_cast<size_t>(n * k));
+    if (grouped) {
+      cu::moe_group(dsel.p, n * k, E, doff.p, dperm.p, nullptr);
+      a.perm = dperm.p, a.offsets = doff.p, a.E = E;
+      a.x_bf16_exact = official;  // QA8 inputs: the tensor-core kernels (as the backend sets it)
+      // The grouping is a permutation of the slots, expert by expert.
+      const auto off = doff.get();
+      auto perm = dperm.get();
+      ASSERT_EQ(off[0], 0);
+      ASSERT_EQ(off[E], n * k);
+      for (int e = 0; e < E; ++e)
+        for (int i = off[e]; i < off[e + 1]; ++i) ASSERT_EQ(sel_ref[perm[i]], e) << "slot " << perm[i];
+      std::sort(perm.begin(), perm.end());
+      for (int i = 0; i < n * k; ++i) ASSERT_EQ(perm[i], i);
+    }
     cu::expert_gate_up(a, nullptr);
     a.act_q = dact.p;
     if (official) {
@@ -325,9 +385,35 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) {
     a.y = dy.p;
     cu::expert_down(a, nullptr);
     cu::moe_reduce(dy.p, nullptr, n, k, d, official, dout.p, nullptr);
-    expect_close(dout.get(), ref, official, "mxfp4 experts 6x(4096->2048->4096)");
+    expect_close(dout.get(), ref, official, (std::string("mxfp4 experts 6x(4096->2048->4096) n=") + std::to_string(n) +
+                                             (grouped ? " grouped" : "") + (a.x_bf16_exact ? " (tensor cores)" : "")).c_str());
+    if (grouped && official) {
+      // Tensor-core kernels vs the fp32 grouped kernels on the same exact-BF16 operands, without the BF16 output
+      // rounding: the same fp32 function up to summation order (a BF16-rounding bug would show as ~1e-3).
+      cu::ExpertArgs t = a, f = a;
+      t.official = f.official = false;
+      f.x_bf16_exact = false;
+      DBuf<float> act_t(dact.n), act_f(dact.n), y_t(dy.n), y_f(dy.n);
+      t.act = act_t.p, f.act = act_f.p, t.y = y_t.p, f.y = y_f.p;
+      t.act_q = f.act_q = dactq.p;
+      cu::expert_gate_up(t, nullptr);
+      cu::expert_gate_up(f, nullptr);
+      cu::expert_down(t, nullptr);
+      cu::expert_down(f, nullptr);
+      const Stats sa = cmp(act_t.get(), act_f.get()), sy = cmp(y_t.get(), y_f.get());
+      std::printf("[op] experts tensor cores vs fp32 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, sa.rel, sy.rel);
+      EXPECT_LE(sa.rel, 1e-5);  // measured 1.5e-7 (gate/up) and 1.2e-6 (down)
+      EXPECT_LE(sy.rel, 1e-5);
+    }
   }
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
+}
+
+TEST(CudaOps, Mxfp4ExpertsAndRouter) { run_experts(2, false); }
+// n = 20: ~15 slots per expert; n = 96: ~72, so some experts take two 64-slot tiles.
+TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
+  run_experts(20, true);
+  run_experts(96, true);
 }
 
 // ---- sparse attention with sink: window + top-k (CSA) or all compressed entries (HCA), split-KV on the GPU -------

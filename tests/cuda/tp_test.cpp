@@ -13,6 +13,7 @@
 #include "../model/fixture_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops.h"
 #include "model/tiny_model.h"
 
 namespace dsv4::test {
@@ -86,7 +87,13 @@ TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
   const int tp = gpus() >= 8 ? 8 : (gpus() >= 4 ? 4 : 2);
   std::vector<int> devices;
   for (int d = 0; d < tp; ++d) devices.push_back(d);
+  // Official numerics run with the prefill GEMM paths off (cuda::set_prefill_gemm): the GEMV and the per-slot
+  // experts sum every row in decode's order, so decode vs prefill stays a strict check of the state handling instead
+  // of a sample of the model's amplification of last-bit differences (with the GEMM on, decode vs prefill measured
+  // 0.07-0.22 rel L2 here, the size of the CPU-vs-CUDA floor). Reference numerics run with it on and stay strict (the
+  // GEMM differs from the GEMV by ~1e-6), so they also cover the GEMM on sharded weights.
   for (Numerics nm : {Numerics::Reference, Numerics::Official}) {
+    cuda::set_prefill_gemm(nm == Numerics::Reference);
     std::vector<float> one, two, two_chunked, two_decode, cpu;
     {
       Model m1(dir, make_cuda_backend(), nm);
@@ -125,6 +132,7 @@ TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
       EXPECT_LE(err_chunk, 2e-2);
     }
   }
+  cuda::set_prefill_gemm(true);
   std::filesystem::remove_all(dir);
 }
 

@@ -706,6 +706,13 @@ class CudaBackend final : public Backend {
     a.x = xq, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
     a.official = official_;
     a.act = scratch(17, static_cast<size_t>(n) * k * I);
+    if (n >= cuda::kMoeGroupedMinTokens && cuda::prefill_gemm_enabled()) {  // prefill: group the slots by expert so each expert is read once
+      int32_t* offsets = iscratch(1, static_cast<size_t>(E) + 1);
+      int32_t* perm = iscratch(2, static_cast<size_t>(n) * k);
+      cuda::moe_group(sel, n * k, E, offsets, perm, s_);
+      a.perm = perm, a.offsets = offsets, a.E = E;
+      a.x_bf16_exact = official_ && lowp;  // x and act_q are QA8 values
+    }
     cuda::expert_gate_up(a, s_);
     a.act_q = a.act;
     if (official_ && lowp) {
@@ -1018,12 +1025,14 @@ class CudaBackend final : public Backend {
     }
     cuda::LinearArgs a;
     a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
+    a.x_is_qa8 = official_ && W.low_precision();
     cuda::linear(W, a, s_);
   }
   // lin() for an input that is already QA8-quantized where W needs it (shared by several linears of one input).
   void lin_pre(const DevLinear& W, const float* xin, int n, float* y, bool round = true) {
     cuda::LinearArgs a;
     a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
+    a.x_is_qa8 = official_ && W.low_precision();  // the caller passes input_for(W): QA8 exactly when this holds
     cuda::linear(W, a, s_);
   }
   // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites).

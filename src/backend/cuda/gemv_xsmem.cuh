@@ -224,3 +224,59 @@ __global__ void __launch_bounds__(256, 2) expert_down_xs(ExpertArgs a, int blk) 
     if (lane == 0 && row0 + r < a.d) a.y[static_cast<int64_t>(slot) * a.d + row0 + r] = a.official ? bf16r(y) : y;
   }
 }
+
+// Tall matrices (many more 2-row tiles than warps resident at once, e.g. wq_b 32768 x 1024): a persistent grid of
+// 2 blocks per SM whose warps walk row tiles gw, gw + total warps, ... as one sequence of (tile, chunk-step) steps,
+// the next step's weights in flight while the current one is reduced. The one-tile-per-warp kernel paid a DRAM round
+// trip (and the activation staging) per wave of blocks: ~8 waves for wq_b.
+template <int F>
+__global__ void __launch_bounds__(256, 2) gemv_xs_tiles_kernel(WRow W, int64_t out, LinearArgs a) {
+  pdl_wait();
+  constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  const int lane = threadIdx.x & 31;
+  const int64_t ntiles = (out + R - 1) / R;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5), nw = static_cast<int64_t>(gridDim.x) * 8;
+  const int64_t nch = W.in / CW, ks = (nch + 32 * U - 1) / (32 * U);
+  const int64_t steps = gw < ntiles ? ((ntiles - gw + nw - 1) / nw) * ks : 0;
+  const float gs[R] = {W.g, W.g};
+  // Step s: tile gw + (s / ks) * nw, chunk-step s % ks.
+  auto at = [&](int64_t s, const uint8_t* (&wp)[R], const void* (&sp)[R], int64_t& row0, int64_t& c0) {
+    row0 = (gw + (s / ks) * nw) * R;
+    c0 = (s % ks) * 32 * U + lane;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t rr = min(row0 + r, out - 1);
+      wp[r] = static_cast<const uint8_t*>(W.w) + rr * row_bytes<F>(W.in);
+      sp[r] = scale_row<F>(W, rr);
+    }
+  };
+  float acc[R] = {0.0f, 0.0f};
+  auto flush = [&](int64_t row0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0 && row0 + r < out) a.y[row0 + r] = a.round_bf16 ? bf16r(v) : v;
+      acc[r] = 0.0f;
+    }
+  };
+  RowPipe<F, R, U> pa, pb;
+  const uint8_t* wpa[R];
+  const uint8_t* wpb[R];
+  const void* spa[R];
+  const void* spb[R];
+  int64_t rowa = 0, rowb = 0, ca = 0, cb = 0;
+  if (steps > 0) at(0, wpa, spa, rowa, ca), pa.load(wpa, spa, W.blk, ca, nch);
+  stage_x<F>(a.x, W.in, xs);
+  __syncthreads();
+  for (int64_t s = 0; s < steps; s += 2) {
+    if (s + 1 < steps) at(s + 1, wpb, spb, rowb, cb), pb.load(wpb, spb, W.blk, cb, nch);
+    pa.dot(xs, gs, W.blk, ca, nch, acc);
+    if (s % ks == ks - 1) flush(rowa);
+    if (s + 1 >= steps) break;
+    if (s + 2 < steps) at(s + 2, wpa, spa, rowa, ca), pa.load(wpa, spa, W.blk, ca, nch);
+    pb.dot(xs, gs, W.blk, cb, nch, acc);
+    if ((s + 1) % ks == ks - 1) flush(rowb);
+  }
+}

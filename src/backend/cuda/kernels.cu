@@ -1,6 +1,7 @@
 // CUDA kernels of the DeepSeek-V4 backend (first version: correct, one simple kernel per op, structured so that the
 // decode GEMVs stream weights in their stored formats; fusion, split-K and tensor cores come next, see
 // docs/BENCHMARKS.md "CUDA ops"). The CPU twin of every kernel is named in ops.h / cpu_backend.cpp.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -1482,6 +1483,18 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 }
 
 #include "backend/cuda/gemv_xsmem.cuh"
+#include "backend/cuda/moe_grouped.cuh"
+#include "backend/cuda/bf16_split.cuh"
+
+// Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
+int sm_count() {
+  static int cache[64] = {0};
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) fail("CUDA device ordinal ", dev, " out of range");
+  if (cache[dev] == 0) DSV4_CU(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
+  return cache[dev];
+}
 
 // v3 (activation staged in shared memory) unless DSV4_GEMV=v2 (A/B measurements) or the row does not fit the budget.
 constexpr int64_t kXsMaxBytes = 96 * 1024;
@@ -1589,6 +1602,12 @@ bool gemv_vector_ok(int f, int64_t in, const void* w, const float* x, int64_t ld
 
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (prefill_gemm(W, a, s)) return;
+  gemv(W, a, s);
+}
+
+void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
+  if (a.n <= 0) return;
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
   if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
@@ -1609,6 +1628,22 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   int ks = 1;
   while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
   const int64_t block_rows = (8 / ks) * kGemvR;
+  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
+  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
+  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
+      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks) {
+    const size_t sm = static_cast<size_t>(W.in) * 4;
+    const dim3 grid(static_cast<unsigned>(persistent_blocks));
+    switch (f) {
+      case kF32: allow_smem(gemv_xs_tiles_kernel<kF32>, sm), launch(gemv_xs_tiles_kernel<kF32>, grid, 256, sm, s, r, W.out, a); break;
+      case kBF16: allow_smem(gemv_xs_tiles_kernel<kBF16>, sm), launch(gemv_xs_tiles_kernel<kBF16>, grid, 256, sm, s, r, W.out, a); break;
+      case kF16: allow_smem(gemv_xs_tiles_kernel<kF16>, sm), launch(gemv_xs_tiles_kernel<kF16>, grid, 256, sm, s, r, W.out, a); break;
+      case kFP8: allow_smem(gemv_xs_tiles_kernel<kFP8>, sm), launch(gemv_xs_tiles_kernel<kFP8>, grid, 256, sm, s, r, W.out, a); break;
+      case kFP4: allow_smem(gemv_xs_tiles_kernel<kFP4>, sm), launch(gemv_xs_tiles_kernel<kFP4>, grid, 256, sm, s, r, W.out, a); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
     const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)));
@@ -1643,6 +1678,51 @@ void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s) {
 void round_bf16(float* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   launch(round_kernel, grid_1d(n), 256, 0, s, x, n);
+  DSV4_LAUNCHED();
+}
+
+int bf16_terms(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::BF16:
+    case WeightFormat::FP8_E8M0:  // E4M3 x a power of two
+    case WeightFormat::MXFP4:     // E2M1 x a power of two
+      return 1;
+    case WeightFormat::F16: return 2;  // 11 significand bits
+    default: return 3;                 // fp32 products: FP8 x fp32 scale, NVFP4 x global, F32
+  }
+}
+
+bool dequant_bf16_ok(const DevLinear& W) {
+  return W.w && W.in % 8 == 0 && (reinterpret_cast<uintptr_t>(W.w) & 15u) == 0;
+}
+
+void dequant_bf16_terms(const DevLinear& W, int64_t r0, int64_t rows, int tw, int tx, void* out, cudaStream_t s) {
+  if (rows <= 0) return;
+  if (!dequant_bf16_ok(W) || tw < 1 || tw > 3 || tx < 1 || tx > 3 || r0 < 0 || r0 + rows > W.out)
+    fail("dequant_bf16_terms: unsupported ", W.out, "x", W.in, " rows ", r0, "+", rows, " terms ", tw, "x", tx);
+  const WRow r = wrow(W);
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  const unsigned grid = grid_1d(rows * (W.in / 8));
+  switch (fmt_of(W.fmt)) {
+    case kF32: launch(dequant_bf16_kernel<kF32>, grid, 256, 0, s, r, r0, rows, tw, tx, o); break;
+    case kBF16: launch(dequant_bf16_kernel<kBF16>, grid, 256, 0, s, r, r0, rows, tw, tx, o); break;
+    case kF16: launch(dequant_bf16_kernel<kF16>, grid, 256, 0, s, r, r0, rows, tw, tx, o); break;
+    case kFP8: launch(dequant_bf16_kernel<kFP8>, grid, 256, 0, s, r, r0, rows, tw, tx, o); break;
+    case kFP4: launch(dequant_bf16_kernel<kFP4>, grid, 256, 0, s, r, r0, rows, tw, tx, o); break;
+  }
+  DSV4_LAUNCHED();
+}
+
+void split_bf16_terms(const float* x, int64_t ldx, int n, int64_t K, int tw, int tx, void* out, cudaStream_t s) {
+  if (n <= 0 || K <= 0) return;
+  launch(split_bf16_kernel, grid_1d(static_cast<int64_t>(n) * K), 256, 0, s, x, ldx, n, K, tw, tx,
+         static_cast<__nv_bfloat16*>(out));
+  DSV4_LAUNCHED();
+}
+
+void round_bf16_rows(float* y, int n, int64_t cols, int64_t ldy, cudaStream_t s) {
+  if (n <= 0 || cols <= 0) return;
+  launch(round_rows_kernel, grid_1d(static_cast<int64_t>(n) * cols), 256, 0, s, y, n, cols, ldy);
   DSV4_LAUNCHED();
 }
 
@@ -1791,9 +1871,50 @@ bool expert_vector_ok(const ExpertArgs& a, const float* act) {
   return a.d % chunk_width(f) == 0 && a.I % chunk_width(f) == 0 && aligned16(act);
 }
 
+// Grouped prefill kernels: whole 8-element weight groups and 16-byte aligned activation rows.
+bool grouped_ok(const ExpertArgs& a, const float* act) {
+  return a.perm && a.offsets && a.E > 0 && a.d % 8 == 0 && a.I % 8 == 0 && aligned16(act);
+}
+// ... on the tensor cores when every operand is a BF16 value (see expert_tc_grouped).
+bool expert_tc_ok(const ExpertArgs& a, const float* act) {
+  const bool bf16_weights = a.fmt == WeightFormat::MXFP4 || a.fmt == WeightFormat::FP8_E8M0 || a.fmt == WeightFormat::BF16;
+  return a.x_bf16_exact && bf16_weights && grouped_ok(a, act);
+}
+
+void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s) {
+  if (nk <= 0) return;
+  const size_t sm = static_cast<size_t>(E) * 8;
+  set_smem(reinterpret_cast<const void*>(moe_group_kernel), sm);
+  launch(moe_group_kernel, 1, 1024, sm, s, sel, nk, E, offsets, perm);
+  DSV4_LAUNCHED();
+}
+
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   const int blk = fp4_block(a.fmt);
+  if (expert_tc_ok(a, a.x)) {
+    const dim3 grid(blocks_for(a.I, kTcRows / 2), a.E);
+    switch (fmt_of(a.fmt)) {
+      case kBF16: launch(expert_tc_grouped<kBF16, true>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_tc_grouped<kFP8, true>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_tc_grouped<kFP4, true>, grid, 128, 0, s, a, blk); break;
+      default: fail("expert_gate_up: no tensor-core kernel for this format");
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (grouped_ok(a, a.x)) {
+    const dim3 grid(blocks_for(a.I, kGrpRows), a.E);
+    switch (fmt_of(a.fmt)) {
+      case kF32: launch(expert_gate_up_grouped<kF32>, grid, 128, 0, s, a, blk); break;
+      case kBF16: launch(expert_gate_up_grouped<kBF16>, grid, 128, 0, s, a, blk); break;
+      case kF16: launch(expert_gate_up_grouped<kF16>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_gate_up_grouped<kFP8>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_gate_up_grouped<kFP4>, grid, 128, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (!expert_vector_ok(a, a.x)) {
     const dim3 grid(blocks_for(a.I, kRowsPerBlock), a.n * a.k);
     switch (fmt_of(a.fmt)) {
@@ -1833,6 +1954,29 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   const int blk = fp4_block(a.fmt);
+  if (expert_tc_ok(a, a.act_q)) {
+    const dim3 grid(blocks_for(a.d, kTcRows), a.E);
+    switch (fmt_of(a.fmt)) {
+      case kBF16: launch(expert_tc_grouped<kBF16, false>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_tc_grouped<kFP8, false>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_tc_grouped<kFP4, false>, grid, 128, 0, s, a, blk); break;
+      default: fail("expert_down: no tensor-core kernel for this format");
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (grouped_ok(a, a.act_q)) {
+    const dim3 grid(blocks_for(a.d, kGrpRows), a.E);
+    switch (fmt_of(a.fmt)) {
+      case kF32: launch(expert_down_grouped<kF32>, grid, 128, 0, s, a, blk); break;
+      case kBF16: launch(expert_down_grouped<kBF16>, grid, 128, 0, s, a, blk); break;
+      case kF16: launch(expert_down_grouped<kF16>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_down_grouped<kFP8>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_down_grouped<kFP4>, grid, 128, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (!expert_vector_ok(a, a.act_q)) {
     const dim3 grid(blocks_for(a.d, kRowsPerBlock), a.n * a.k);
     switch (fmt_of(a.fmt)) {

@@ -55,8 +55,31 @@ struct LinearArgs {
   int64_t group_rows = 0;
   int64_t group_x_off = 0;
   bool round_bf16 = false;
+  bool x_is_qa8 = false;  // x holds QA8 values (official numerics): exact in BF16, one term in the prefill GEMM
 };
+// Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
+// exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
+// Everything else runs as the GEMV below.
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
+void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // the GEMV path for any n (tests compare)
+constexpr int kGemmMinTokens = 16;
+// The prefill GEMM paths (this dense GEMM and the grouped expert kernels) on or off, process-wide; default on,
+// DSV4_PREFILL_GEMM=0 in the environment turns them off. Off, prefill runs the decode kernels (GEMV, per-slot experts),
+// whose per-row summation order equals decode's: for A/B timing and for tests that need decode and prefill to agree
+// bit for bit where official numerics amplify last-bit differences.
+void set_prefill_gemm(bool on);
+bool prefill_gemm_enabled();
+bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a);
+bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // false: not eligible, nothing launched
+// BF16 terms needed to hold a dequantized weight of this format exactly (1: already BF16 values, up to 3: fp32).
+int bf16_terms(WeightFormat f);
+bool dequant_bf16_ok(const DevLinear& W);
+// out [rows][tw * tx * K] BF16: term i of W[r0 + r][k] at column (i * tx + j) * K + k for every j < tx.
+void dequant_bf16_terms(const DevLinear& W, int64_t r0, int64_t rows, int tw, int tx, void* out, cudaStream_t s);
+// out [n][tw * tx * K] BF16: term j of x[t * ldx + k] at column (i * tx + j) * K + k for every i < tw.
+void split_bf16_terms(const float* x, int64_t ldx, int n, int64_t K, int tw, int tx, void* out, cudaStream_t s);
+// BF16 RNE of y[t * ldy + c] for t < n, c < cols.
+void round_bf16_rows(float* y, int n, int64_t cols, int64_t ldy, cudaStream_t s);
 
 // QA8 (official): out[t, :] = fp8_sim(x[t, :]) with 1x128 UE8M0 blocks (a shorter last block follows the same rule).
 void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s);
@@ -231,7 +254,17 @@ struct ExpertArgs {
   float* act = nullptr;                    // [n, k, I]
   const float* act_q = nullptr;            // [n, k, I] act after QA8 (official) or act itself
   float* y = nullptr;                      // [n, k, d]
+  // Prefill (n >= kMoeGroupedMinTokens): the slots grouped by expert (moe_group); null: one block row per slot.
+  const int32_t* perm = nullptr;     // [n * k] slot indices, expert by expert
+  const int32_t* offsets = nullptr;  // [E + 1] where each expert's slots start in perm
+  int E = 0;
+  // x and act_q hold QA8 values (official numerics, FP8/FP4 experts): exact in BF16, so grouped prefill with
+  // MXFP4 / FP8 (power-of-two scales) / BF16 experts runs on the tensor cores (expert_tc_grouped) with exact operands.
+  bool x_bf16_exact = false;
 };
+constexpr int kMoeGroupedMinTokens = 16;
+// Counting sort of the n*k routed slots by expert on the device: offsets [E + 1], perm [n*k].
+void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s);
 // act[t, j, :] = silu(min(w1 x, lim)) * clamp(w3 x, ±lim) * wgt ([official] bf16 on w1x, w3x and act). Fused SwiGLU.
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s);
 // y[t, j, :] = w2 act_q[t, j, :] ([official] bf16).

@@ -1,0 +1,70 @@
+// Operands of the tensor-core prefill GEMM (prefill_gemm.cu) as sums of BF16 terms (included INSIDE kernels.cu's
+// anonymous namespace; uses its WRow/load8/init_lut helpers).
+//
+// Why terms: the GEMM must give the CPU reference's fp32 result, not a BF16 approximation of it. A value v is split
+// as v = b1 + b2 + b3 with b1 = bf16(v), b2 = bf16(v - b1), b3 = bf16(v - b1 - b2): each subtraction is exact in
+// fp32 and three terms carry all 24 significand bits, so sum_k x_k w_k = sum_{i,j} sum_k xi_k wj_k exactly, every
+// product of two BF16 values is exact in fp32, and the tensor cores accumulate in fp32. Values that are already BF16
+// (QA8 activations, FP8 x power-of-two scales, MXFP4, BF16 weights) need one term. The (i, j) term pairs are laid
+// out along K — X' = [x_j for each i], W' = [w_i repeated for each j] — so one GEMM with K' = tw * tx * K sums them.
+
+__device__ __forceinline__ void split3(float v, __nv_bfloat16 (&b)[3], int terms) {
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    if (i < terms) {
+      b[i] = __float2bfloat16_rn(v);
+      v -= __bfloat162float(b[i]);
+    }
+  }
+}
+
+// out[r][(i * tx + j) * K + k] = term i of W[r0 + r][k], for r < rows, i < tw, j < tx. One thread per 8 weights.
+template <int F>
+__global__ void dequant_bf16_kernel(WRow W, int64_t r0, int64_t rows, int tw, int tx, __nv_bfloat16* out) {
+  pdl_wait();
+  __shared__ float lut[16];
+  init_lut(lut);
+  const int64_t K = W.in, per_row = K / 8, kp = K * tw * tx;
+  const int64_t total = rows * per_row;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / per_row, c = idx % per_row;
+    float v[8];
+    load8<F>(W, r0 + r, 8 * c, v, lut);
+    __nv_bfloat16 t[8][3];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) split3(v[e], t[e], tw);
+    for (int i = 0; i < tw; ++i) {
+      alignas(16) __nv_bfloat16 pack[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) pack[e] = t[e][i];
+      const uint4 p = *reinterpret_cast<const uint4*>(pack);
+      for (int j = 0; j < tx; ++j) *reinterpret_cast<uint4*>(out + r * kp + (i * tx + j) * K + 8 * c) = p;
+    }
+  }
+}
+
+// out[t][(i * tx + j) * K + k] = term j of x[t * ldx + k], for t < n, i < tw, j < tx. One thread per element.
+__global__ void split_bf16_kernel(const float* x, int64_t ldx, int n, int64_t K, int tw, int tx, __nv_bfloat16* out) {
+  pdl_wait();
+  const int64_t kp = K * tw * tx, total = static_cast<int64_t>(n) * K;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / K, k = idx % K;
+    __nv_bfloat16 b[3];
+    split3(x[t * ldx + k], b, tx);
+    for (int i = 0; i < tw; ++i)
+      for (int j = 0; j < tx; ++j) out[t * kp + (i * tx + j) * K + k] = b[j];
+  }
+}
+
+// y[t * ldy + c] = bf16r(y[...]) for t < n, c < cols (the official BF16 output rounding of a strided output).
+__global__ void round_rows_kernel(float* y, int n, int64_t cols, int64_t ldy) {
+  pdl_wait();
+  const int64_t total = static_cast<int64_t>(n) * cols;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float* p = y + (idx / cols) * ldy + idx % cols;
+    *p = bf16r(*p);
+  }
+}

@@ -1,0 +1,171 @@
+// Prefill linears on the tensor cores: cuBLASLt BF16 GEMMs with fp32 accumulation and output, exact to the CPU
+// reference's fp32 result (up to summation order).
+//
+// Why not the checkpoint's FP8 directly: cuBLASLt's block-scaled FP8 GEMM (GPU_KERNELS.md §4) was measured on the
+// H200 at 9.2e-4 relative error against the exact product for every shape (the FP8 tensor cores' short internal
+// accumulator; the error does not depend on K), far above fp32 summation noise; on the tiny official-numerics models
+// it moved logits by up to 0.15 relative (the GEMV path: 0.02) and broke decode-vs-prefill agreement. BF16 operands
+// split into exact terms (bf16_split.cuh) keep the official numerics the CPU defines, at BF16 tensor-core speed:
+// QA8 activations and FP8 (power-of-two scales) or MXFP4 weights are one term each, so most prefill GEMMs cost one
+// BF16 GEMM; fp32 operands take three terms.
+//
+// The decode GEMV streams each weight once per 4 tokens, so a 2048-token chunk read every dense matrix 512 times;
+// here each weight is dequantized once per chunk (into a BF16 staging buffer) and read once by the GEMM.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "backend/cuda/ops.h"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+
+namespace {
+
+#define DSV4_LT(call)                                                                                         \
+  do {                                                                                                        \
+    const cublasStatus_t st_ = (call);                                                                        \
+    if (st_ != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt error ", static_cast<int>(st_), " in ", #call);          \
+  } while (0)
+
+constexpr int64_t kMaxStagedWeights = int64_t(64) << 20;  // BF16 elements of W' per pass (128 MB)
+
+// Per device: the cuBLASLt handle, a workspace, the BF16 staging buffers and the chosen algorithm per shape.
+struct LtContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t(32) << 20;
+  void* xb = nullptr;
+  size_t xb_bytes = 0;
+  void* wb = nullptr;
+  size_t wb_bytes = 0;
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, uint32_t>, cublasLtMatmulAlgo_t> algos;  // rows, K', n, ldy, align
+};
+
+LtContext& context() {
+  static std::mutex mu;
+  static std::map<int, LtContext> ctx;
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  LtContext& c = ctx[dev];
+  if (!c.handle) {
+    DSV4_LT(cublasLtCreate(&c.handle));
+    DSV4_CU(cudaMalloc(&c.workspace, c.workspace_bytes));
+  }
+  return c;
+}
+
+// The pointer's alignment (a power of two, at most 256): the heuristic must only offer algorithms that can use it.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+void* grow(void*& p, size_t& have, size_t bytes) {
+  if (have < bytes) {
+    if (p) DSV4_CU(cudaFree(p));  // synchronises the device: the previous GEMM is done with it
+    p = nullptr;
+    DSV4_CU(cudaMalloc(&p, bytes));
+    have = bytes;
+  }
+  return p;
+}
+
+// D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').
+void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, const void* x, float* d, int64_t ldd,
+               cudaStream_t s) {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  DSV4_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  DSV4_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  DSV4_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  DSV4_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, static_cast<uint64_t>(kp), static_cast<uint64_t>(rows), kp));
+  DSV4_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, static_cast<uint64_t>(kp), static_cast<uint64_t>(n), kp));
+  DSV4_LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(n), ldd));
+  const uint32_t align_d = alignment(d);
+  const auto key = std::make_tuple(rows, kp, n, ldd, align_d);
+  auto it = c.algos.find(key);
+  if (it == c.algos.end()) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    DSV4_LT(cublasLtMatmulPreferenceCreate(&pref));
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c.workspace_bytes,
+                                                 sizeof(c.workspace_bytes)));
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+    DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+    cublasLtMatmulHeuristicResult_t h{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c.handle, op, la, lb, ld, ld, pref, 1, &h, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+      cublasLtMatmulDescDestroy(op);
+      fail("cuBLASLt has no BF16 algorithm for ", rows, "x", kp, " with ", n, " tokens (status ", static_cast<int>(st), ")");
+    }
+    it = c.algos.emplace(key, h.algo).first;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st =
+      cublasLtMatmul(c.handle, op, &alpha, w, la, x, lb, &beta, d, ld, d, ld, &it->second, c.workspace, c.workspace_bytes, s);
+  cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(op);
+  if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt matmul failed (status ", static_cast<int>(st), ") for ", rows, "x", kp);
+}
+
+std::atomic<int> g_prefill_gemm{-1};  // -1: not decided yet (read DSV4_PREFILL_GEMM on first use)
+
+}  // namespace
+
+void set_prefill_gemm(bool on) { g_prefill_gemm.store(on ? 1 : 0); }
+
+bool prefill_gemm_enabled() {
+  int v = g_prefill_gemm.load();
+  if (v < 0) {
+    const char* e = std::getenv("DSV4_PREFILL_GEMM");
+    v = e && std::string(e) == "0" ? 0 : 1;
+    g_prefill_gemm.store(v);
+  }
+  return v == 1;
+}
+
+bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a) {
+  if (!prefill_gemm_enabled() || a.n < kGemmMinTokens || !dequant_bf16_ok(W) || a.ldy % 4 != 0) return false;
+  if (a.group_rows == 0) return a.ldy >= W.out;
+  return W.out % a.group_rows == 0 && a.group_rows % 4 == 0 && a.ldy >= W.out;
+}
+
+bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
+  if (!prefill_gemm_eligible(W, a)) return false;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  DSV4_CU(cudaStreamIsCapturing(s, &cap));
+  if (cap != cudaStreamCaptureStatusNone) return false;  // staging buffers may grow (cudaMalloc): eager only
+  LtContext& c = context();
+  const int tw = bf16_terms(W.fmt), tx = a.x_is_qa8 ? 1 : 3;
+  const int64_t K = W.in, kp = K * tw * tx;
+  const int64_t gr = a.group_rows ? a.group_rows : W.out, groups = W.out / gr;
+  const int64_t pass = std::min(gr, std::max<int64_t>(16, kMaxStagedWeights / kp / 16 * 16));
+  void* xb = grow(c.xb, c.xb_bytes, static_cast<size_t>(a.n) * kp * 2);
+  void* wb = grow(c.wb, c.wb_bytes, static_cast<size_t>(pass) * kp * 2);
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g == 0 || a.group_x_off != 0) split_bf16_terms(a.x + g * a.group_x_off, a.ldx, a.n, K, tw, tx, xb, s);
+    for (int64_t r = 0; r < gr; r += pass) {
+      const int64_t rows = std::min(pass, gr - r);
+      dequant_bf16_terms(W, g * gr + r, rows, tw, tx, wb, s);
+      gemm_bf16(c, rows, kp, a.n, wb, xb, a.y + g * gr + r, a.ldy, s);
+    }
+  }
+  if (a.round_bf16) round_bf16_rows(a.y, a.n, W.out, a.ldy, s);
+  return true;
+}
+
+}  // namespace dsv4::cuda

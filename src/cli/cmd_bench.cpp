@@ -259,8 +259,8 @@ int cmd_bench(const std::vector<std::string>& args) {
               which.c_str(), layers, (long long)context, (long long)prompt, tp, format.c_str());
   std::printf("  streaming-read bandwidth     %8.0f GB/s (cuda:0)\n", bw / 1e9);
   if (tp > 1)
-    std::printf("  ncclAllReduce %lld B / %lld B  %6.1f / %.1f us (back to back; %d of each per step)\n",
-                (long long)cfg.hidden * 4, (long long)cfg.hidden * 4 * (cfg.n_experts_per_tok + 1), allreduce_us,
+    std::printf("  all-reduce (%s) %lld B / %lld B  %6.1f / %.1f us (back to back; %d of each per step)\n",
+                dsv4::cuda_allreduce_kind(*be, static_cast<size_t>(cfg.hidden)), (long long)cfg.hidden * 4, (long long)cfg.hidden * 4 * (cfg.n_experts_per_tok + 1), allreduce_us,
                 allreduce_moe_us, collectives / 2);
   std::printf("  decode step, %d layers, no head  %8.1f us  (median of %d graph replays)\n", layers, step_us, steps);
   std::printf("    bytes per step per GPU     %8.1f MB weights + %.1f MB KV (fp32 KV layout)\n", total.weights / 1e6, total.kv / 1e6);
@@ -291,7 +291,7 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   nlohmann::json j = {{"model", which}, {"format", format}, {"layers", layers}, {"tp", tp}, {"context", context},
                       {"prompt", prompt}, {"chunk", chunk}, {"bandwidth_gbs", bw / 1e9},
-                      {"allreduce_us", allreduce_us}, {"allreduce_moe_us", allreduce_moe_us}, {"decode_step_us", step_us}, {"decode_step_with_head_us", full_us},
+                      {"allreduce_us", allreduce_us}, {"allreduce_kind", tp > 1 ? dsv4::cuda_allreduce_kind(*be, static_cast<size_t>(cfg.hidden)) : "none"}, {"allreduce_moe_us", allreduce_moe_us}, {"decode_step_us", step_us}, {"decode_step_with_head_us", full_us},
                       {"decode_bound_us", bound_us}, {"decode_fraction_of_bound", bound_us / step_us},
                       {"per_layer_us", per_layer_us}, {"per_layer_bound_us", per_layer_bound},
                       {"weight_bytes_per_step", total.weights}, {"kv_bytes_per_step", total.kv},

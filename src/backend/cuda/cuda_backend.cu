@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/peer_allreduce.h"
 #include "core/error.h"
 #include "model/rope.h"
 
@@ -922,6 +923,13 @@ class CudaBackend final : public Backend {
   // last thing an op enqueues (work after it would run before the deferred collective).
   void all_reduce(float* buf, size_t count) {
     if (tp_ == 1) return;
+    if (opts_.peer_reduce) {  // decode-sized: one peer-to-peer kernel (the choice depends on count only: same on every rank)
+      const auto& p = *static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce);
+      if (count <= p.cap && count % 4 == 0) {
+        cuda::peer_all_reduce(p, buf, count, s_);
+        return;
+      }
+    }
 #if DSV4_HAVE_NCCL
     nccl(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm(), s_), "ncclAllReduce");
 #else

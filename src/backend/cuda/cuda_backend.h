@@ -20,6 +20,9 @@ struct CudaOptions {
   // all-reduce after wo_b and after the experts, all-gather of the vocabulary-split logits.
   int tp_rank = 0, tp_size = 1;
   void* nccl_comm = nullptr;
+  // TP with peer access between all GPUs: this rank's cuda::PeerReduceRank (peer_allreduce.h). All-reduces of up to
+  // its capacity (every decode all-reduce) run as one peer-to-peer kernel instead of ncclAllReduce.
+  const void* peer_reduce = nullptr;
   // Benchmarks: time every op of a decode step with CUDA events (also inside replayed graphs); see cuda_op_profile.
   bool profile_ops = false;
 };
@@ -45,9 +48,11 @@ void cuda_set_op_profiling(Backend& b, bool on);
 // cuda_set_eager_profiling(b, true) (events around each op; rank 0 under TP), in first-seen order.
 void cuda_set_eager_profiling(Backend& b, bool on);
 std::vector<std::pair<std::string, double>> cuda_eager_profile(Backend& b);
-// Tensor parallelism: median microseconds of one ncclAllReduce of `floats` fp32 values across all ranks, issued
-// back to back (as in a decode graph); 0 for a single GPU.
+// Tensor parallelism: median microseconds of one all-reduce of `floats` fp32 values across all ranks, issued
+// back to back (as in a decode graph), through the path the backend uses for that size (cuda_allreduce_kind);
+// 0 for a single GPU.
 double cuda_allreduce_us(Backend& b, size_t floats, int reps = 200);
+const char* cuda_allreduce_kind(Backend& b, size_t floats);  // "peer one-shot" or "ncclAllReduce"
 // Streaming-read bandwidth of `device` in bytes/s: median of 10 reads of `bytes`.
 double cuda_read_bandwidth(int device, size_t bytes);
 

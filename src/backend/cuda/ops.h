@@ -279,7 +279,8 @@ void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, boo
 
 // Programmatic dependent launch for every kernel of the process (default on; env DSV4_PDL=0 turns it off). The
 // tensor-parallel backend turns it off: with NCCL collectives between the kernels, the 43-layer TP2 benchmark stopped
-// making progress in prefill on the H200 pair (4 layers ran fine, faster with PDL); under investigation.
+// making progress in prefill on the H200 pair (4 layers ran fine, faster with PDL); under investigation. Since the
+// peer all-reduce (peer_allreduce.h), TP turns it on inside decode steps only.
 void set_pdl(bool allowed);
 
 // Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).

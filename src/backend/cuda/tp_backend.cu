@@ -18,12 +18,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/peer_allreduce.h"
 #include "core/error.h"
 #include "model/shard_weights.h"
 #include "model/sharding.h"
@@ -83,7 +87,6 @@ class TpBackend final : public Backend {
   TpBackend(const std::vector<int>& devices, const CudaOptions& opts) : devices_(devices) {
     const int n = static_cast<int>(devices.size());
     if (n < 2) fail("tensor parallelism needs at least 2 GPUs (got ", n, ")");
-    cuda::set_pdl(false);  // see ops.h: PDL next to NCCL collectives is not validated at full depth yet
     int visible = 0;
     DSV4_CU(cudaGetDeviceCount(&visible));
     for (int d : devices)
@@ -101,10 +104,21 @@ class TpBackend final : public Backend {
       }
     }
     try {
+      // Decode all-reduces peer to peer where every pair of GPUs has peer access (DSV4_TP_ALLREDUCE=nccl: NCCL only,
+      // for A/B); larger ones (prefill chunks) through NCCL.
+      const char* ar = std::getenv("DSV4_TP_ALLREDUCE");
+      if (!(ar && std::string(ar) == "nccl") && cuda::PeerReduce::available(devices))
+        peer_ = std::make_unique<cuda::PeerReduce>(devices, kPeerReduceFloats);
+      // PDL (ops.h) under TP only inside decode steps whose all-reduces are the peer kernels (begin/end_decode_step);
+      // eager prefill, with its NCCL all-reduces, runs without it (see ops.h). DSV4_TP_PDL=0: never (A/B).
+      const char* tp_pdl = std::getenv("DSV4_TP_PDL");
+      pdl_decode_ = peer_ && !(tp_pdl && std::string(tp_pdl) == "0");
+      cuda::set_pdl(false);
       for (int r = 0; r < n; ++r) {
         CudaOptions o = opts;
         o.device = devices[static_cast<size_t>(r)];
         o.tp_rank = r, o.tp_size = n, o.nccl_comm = comms_[static_cast<size_t>(r)];
+        o.peer_reduce = peer_ ? &peer_->rank(static_cast<size_t>(r)) : nullptr;
         ranks_.push_back(make_cuda_backend(o));
       }
     } catch (...) {
@@ -125,7 +139,9 @@ class TpBackend final : public Backend {
   Backend& rank(size_t r) { return *ranks_[r]; }
   size_t ranks() const { return ranks_.size(); }
   int device(size_t r) const { return devices_[r]; }
-  // Back-to-back all-reduces of `floats` values on every rank (own buffers and streams), timed as a whole.
+  bool peer_path(size_t floats) const { return peer_ && floats <= kPeerReduceFloats && floats % 4 == 0; }
+  // Back-to-back all-reduces of `floats` values on every rank (own buffers and streams), timed as a whole, through
+  // the path the ranks use for that size.
   double allreduce_us(size_t floats, int reps) {
     const size_t n = ranks_.size();
     std::vector<float*> buf(n);
@@ -138,6 +154,10 @@ class TpBackend final : public Backend {
     }
     auto batch = [&](int count) {
       for (int i = 0; i < count; ++i) {
+        if (peer_path(floats)) {
+          for (size_t r = 0; r < n; ++r) on(r), cuda::peer_all_reduce(peer_->rank(r), buf[r], floats, st[r]);
+          continue;
+        }
         NcclGroup g;
         for (size_t r = 0; r < n; ++r) {
           on(r);
@@ -252,6 +272,7 @@ class TpBackend final : public Backend {
   StepMode begin_decode_step(const void* buffers, SequenceState& st, int64_t pos, bool head) override {
     if (aborted_) fail("tensor-parallel backend: unusable after an earlier error aborted its NCCL communicators");
     std::vector<StepMode> modes;
+    cuda::set_pdl(pdl_decode_);  // until end_decode_step (a captured graph keeps its launch attributes)
     try {
       for (size_t r = 0; r < ranks_.size(); ++r) {
         on(r);
@@ -267,11 +288,13 @@ class TpBackend final : public Backend {
         ranks_[q]->end_decode_step(false);
       }
       if (launched) abort_all();
+      cuda::set_pdl(false);
       throw;
     }
     return modes.front();
   }
   void end_decode_step(bool completed) override {
+    cuda::set_pdl(false);
     for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->end_decode_step(completed);
   }
 
@@ -343,8 +366,11 @@ class TpBackend final : public Backend {
     return reinterpret_cast<T*>(it->second.base[r] + (u - it->first));
   }
 
+  static constexpr size_t kPeerReduceFloats = 65536;  // 256 KB: the MoE all-reduce of up to 9 decode rows (Flash)
   std::vector<int> devices_;
   std::vector<ncclComm_t> comms_;
+  std::unique_ptr<cuda::PeerReduce> peer_;  // outlives the ranks (they hold pointers into it)
+  bool pdl_decode_ = false;
   bool aborted_ = false;
   std::vector<std::unique_ptr<Backend>> ranks_;
   std::map<uintptr_t, Alloc> allocs_;
@@ -393,6 +419,10 @@ double cuda_allreduce_us(Backend& b, size_t floats, int reps) {
   auto* t = dynamic_cast<TpBackend*>(&b);
   return t ? t->allreduce_us(floats, reps) : 0.0;
 }
+const char* cuda_allreduce_kind(Backend& b, size_t floats) {
+  auto* t = dynamic_cast<TpBackend*>(&b);
+  return t && t->peer_path(floats) ? "peer one-shot" : "ncclAllReduce";
+}
 
 std::vector<uint64_t> cuda_weight_bytes(const Backend& b) {
   if (const auto* t = dynamic_cast<const TpBackend*>(&b)) return t->weight_bytes();
@@ -412,6 +442,7 @@ void cuda_set_op_profiling(Backend& b, bool on) { cuda_detail::set_profiling(b, 
 void cuda_set_eager_profiling(Backend& b, bool on) { cuda_detail::set_eager_profiling(b, on); }
 std::vector<std::pair<std::string, double>> cuda_eager_profile(Backend& b) { return cuda_detail::eager_profile(b); }
 double cuda_allreduce_us(Backend&, size_t, int) { return 0.0; }
+const char* cuda_allreduce_kind(Backend&, size_t) { return "none"; }
 
 #endif
 

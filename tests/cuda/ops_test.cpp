@@ -210,6 +210,16 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
                 (long long)out, (long long)in, n, st.rel);
     EXPECT_LE(st.rel, 2e-5) << "GEMM vs GEMV";
   }
+  // Single-token official GEMVs quantize x while staging it (qa8_x): bit-identical to QA8 kernel + GEMV.
+  if (official && n == 1) {
+    cu::LinearArgs b = a;
+    b.x = dx.p, b.qa8_x = true, b.x_is_qa8 = false;
+    DBuf<float> df(ref.size());
+    b.y = df.p;
+    ASSERT_TRUE(cu::gemv_stages_x(W, b)) << "the single-token GEMV should stage x";
+    cu::linear(W, b, nullptr);
+    EXPECT_EQ(0, std::memcmp(df.get().data(), dy.get().data(), ref.size() * 4)) << "fused QA8 differs from qa8_rows + GEMV";
+  }
   // QA8 itself must be bit-exact (it is a pure function of each 128-block).
   if (official) {
     auto q = dq.get();
@@ -385,6 +395,20 @@ void run_experts(int n, bool grouped) {
     a.y = dy.p;
     cu::expert_down(a, nullptr);
     cu::moe_reduce(dy.p, nullptr, n, k, d, official, dout.p, nullptr);
+    if (official && !grouped) {
+      // The single-slot kernels quantizing x and act while staging them (qa8_x / qa8_act, the decode path): bit for
+      // bit the QA8 kernels' result.
+      cu::ExpertArgs f = a;
+      DBuf<float> fact(dact.n), fy(dy.n);
+      f.x = dx.p, f.qa8_x = true, f.act = fact.p;
+      ASSERT_TRUE(cu::expert_gate_up_stages_x(f));
+      cu::expert_gate_up(f, nullptr);
+      f.act_q = fact.p, f.qa8_act = true, f.y = fy.p;
+      ASSERT_TRUE(cu::expert_down_stages_x(f));
+      cu::expert_down(f, nullptr);
+      EXPECT_EQ(0, std::memcmp(fact.get().data(), dact.get().data(), dact.n * 4)) << "fused QA8 of x";
+      EXPECT_EQ(0, std::memcmp(fy.get().data(), dy.get().data(), dy.n * 4)) << "fused QA8 of act";
+    }
     expect_close(dout.get(), ref, official, (std::string("mxfp4 experts 6x(4096->2048->4096) n=") + std::to_string(n) +
                                              (grouped ? " grouped" : "") + (a.x_bf16_exact ? " (tensor cores)" : "")).c_str());
     if (grouped && official) {

@@ -544,7 +544,7 @@ class CudaBackend final : public Backend {
     };
     float* kvraw = tmp + static_cast<size_t>(n) * ql;
     if (n == 1 && L.wq_a_wkv.w) {
-      lin_pre(L.wq_a_wkv, input_for(L.wq_a_wkv), 1, tmp);  // [q_lora | head_dim]
+      lin(L.wq_a_wkv, x, 1, tmp);  // [q_lora | head_dim]; lin() quantizes x inside the GEMV
     } else {
       lin_pre(L.wq_a, input_for(L.wq_a), n, tmp);
       lin_pre(L.wkv, input_for(L.wkv), n, kvraw);
@@ -701,10 +701,9 @@ class CudaBackend final : public Backend {
       }
       return xq8;
     };
-    const float* xq = official_ && lowp ? qa8_x() : x;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
-    a.x = xq, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
+    a.x = x, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
     a.official = official_;
     a.act = scratch(17, static_cast<size_t>(n) * k * I);
     if (n >= cuda::kMoeGroupedMinTokens && cuda::prefill_gemm_enabled()) {  // prefill: group the slots by expert so each expert is read once
@@ -714,12 +713,21 @@ class CudaBackend final : public Backend {
       a.perm = perm, a.offsets = offsets, a.E = E;
       a.x_bf16_exact = official_ && lowp;  // x and act_q are QA8 values
     }
+    // Official FP8/FP4 experts read QA8(x) and QA8(act): the single-slot kernels quantize while staging, other
+    // paths get them from QA8 kernels.
+    if (official_ && lowp) {
+      a.qa8_x = cuda::expert_gate_up_stages_x(a);
+      if (!a.qa8_x) a.x = qa8_x();
+    }
     cuda::expert_gate_up(a, s_);
     a.act_q = a.act;
     if (official_ && lowp) {
-      float* q = scratch(18, static_cast<size_t>(n) * k * I);
-      cuda::qa8_rows(a.act, n * k, I, q, s_);
-      a.act_q = q;
+      a.qa8_act = cuda::expert_down_stages_x(a);
+      if (!a.qa8_act) {
+        float* q = scratch(18, static_cast<size_t>(n) * k * I);
+        cuda::qa8_rows(a.act, n * k, I, q, s_);
+        a.act_q = q;
+      }
     }
     if (tp_ > 1) no_collective_pending();
     // TP: the k expert outputs and the shared expert's sit in one buffer [n, k + 1, d] so that one all-reduce sums
@@ -737,7 +745,7 @@ class CudaBackend final : public Backend {
       if (n == 1 && L.sw13.w) {  // one GEMV over the stored w1|w3 pair (same format by construction)
         g = scratch(20, static_cast<size_t>(2 * Is));
         u = g + Is;
-        lin_pre(L.sw13, input_for(L.sw13), 1, g);
+        lin(L.sw13, x, 1, g);  // lin() quantizes x inside the GEMV
       } else {
         g = scratch(20, static_cast<size_t>(n) * Is);
         u = scratch(21, static_cast<size_t>(n) * Is);
@@ -1027,6 +1035,12 @@ class CudaBackend final : public Backend {
   void lin(const DevLinear& W, const float* x, int n, float* y, bool round = true) {
     const float* xin = x;
     if (official_ && W.low_precision()) {
+      cuda::LinearArgs f;  // a single-token GEMV quantizes x while staging it: no QA8 kernel
+      f.x = x, f.ldx = W.in, f.n = n, f.y = y, f.ldy = W.out, f.round_bf16 = round, f.qa8_x = true;
+      if (cuda::gemv_stages_x(W, f)) {
+        cuda::linear(W, f, s_);
+        return;
+      }
       float* q = scratch(12, static_cast<size_t>(n) * W.in);
       cuda::qa8_rows(x, n, W.in, q, s_);
       xin = q;

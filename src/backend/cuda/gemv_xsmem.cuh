@@ -24,9 +24,41 @@ struct XRot {
 };
 
 // Copies x[0, len) (len a multiple of 4, x 16-byte aligned) into xs in the rotated layout, with all threads.
+// qa8: applies official numerics' activation quantization on the way (1x128 blocks, the arithmetic of
+// warp_fake_quant / qa8_rows, bit for bit), one warp per 128-block: the decode step needs no separate QA8 kernel
+// (and its launch) before each FP8/FP4 GEMV.
 template <int F>
-__device__ __forceinline__ void stage_x(const float* __restrict__ x, int64_t len, float* xs) {
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, int64_t len, float* xs, bool qa8 = false) {
   constexpr int CW = XRot<F>::CW, G = XRot<F>::G, CPL = XRot<F>::CPL;
+  if (qa8) {
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int64_t b = threadIdx.x >> 5; b * 128 < len; b += nw) {
+      const int64_t i = b * 32 + lane;  // float4 index
+      const bool in = i * 4 < len;
+      float4 v = in ? __ldg(reinterpret_cast<const float4*>(x) + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;  // s a power of two: p * inv == p / s
+      // E4M3 round-to-nearest-even with saturation in hardware (cvt.rn.satfinite), the same grid as e4m3_rt, whose
+      // frexp/ldexp/division made every block's staging cost more than the QA8 kernel it replaces.
+      auto q2 = [s, inv](float a, float b) {
+        const __nv_fp8x2_storage_t e = __nv_cvt_float2_to_fp8x2(make_float2(fminf(fmaxf(a * inv, -448.0f), 448.0f),
+                                                                              fminf(fmaxf(b * inv, -448.0f), 448.0f)),
+                                                                  __NV_SATFINITE, __NV_E4M3);
+        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(e, __NV_E4M3);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+        return make_float2(f.x * s, f.y * s);
+      };
+      const float2 lo = q2(v.x, v.y), hi = q2(v.z, v.w);
+      v = make_float4(lo.x, lo.y, hi.x, hi.y);
+      if (in) {
+        const int64_t c = (i * 4) / CW;
+        const int g = static_cast<int>(i % G);
+        const int rot = G == 1 ? 0 : ((g + static_cast<int>(c / CPL)) & (G - 1));
+        *reinterpret_cast<float4*>(xs + c * CW + rot * 4) = v;
+      }
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
     const int64_t c = (i * 4) / CW;
     const int g = static_cast<int>(i % G);
@@ -133,7 +165,7 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, Li
   }
   const float* x = a.x + (a.group_rows ? (block_row0 / a.group_rows) * a.group_x_off : 0);
   float acc[R];
-  rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] { stage_x<F>(x, W.in, xs); }, acc);
+  rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] { stage_x<F>(x, W.in, xs, a.qa8_x); }, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
   if (ks > 1) {
@@ -181,7 +213,7 @@ __global__ void __launch_bounds__(256, 2) expert_gate_up_xs(ExpertArgs a, int bl
   }
   const float* x = a.x + static_cast<int64_t>(t) * a.d;
   float acc[R];
-  rows_dot_xs<F, R, U>(wp, sp, gs, blk, 0, a.d / CW, xs, [&] { stage_x<F>(x, a.d, xs); }, acc);
+  rows_dot_xs<F, R, U>(wp, sp, gs, blk, 0, a.d / CW, xs, [&] { stage_x<F>(x, a.d, xs, a.qa8_x); }, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
   if (lane == 0)
@@ -217,7 +249,7 @@ __global__ void __launch_bounds__(256, 2) expert_down_xs(ExpertArgs a, int blk) 
   }
   const float* x = a.act_q + static_cast<int64_t>(slot) * a.I;
   float acc[R];
-  rows_dot_xs<F, R, U>(wp, sp, gs, blk, 0, a.I / CW, xs, [&] { stage_x<F>(x, a.I, xs); }, acc);
+  rows_dot_xs<F, R, U>(wp, sp, gs, blk, 0, a.I / CW, xs, [&] { stage_x<F>(x, a.I, xs, a.qa8_act); }, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float y = warp_sum(acc[r]);
@@ -268,7 +300,7 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_tiles_kernel(WRow W, int64_t o
   const void* spb[R];
   int64_t rowa = 0, rowb = 0, ca = 0, cb = 0;
   if (steps > 0) at(0, wpa, spa, rowa, ca), pa.load(wpa, spa, W.blk, ca, nch);
-  stage_x<F>(a.x, W.in, xs);
+  stage_x<F>(a.x, W.in, xs, a.qa8_x);
   __syncthreads();
   for (int64_t s = 0; s < steps; s += 2) {
     if (s + 1 < steps) at(s + 1, wpb, spb, rowb, cb), pb.load(wpb, spb, W.blk, cb, nch);

@@ -1606,8 +1606,14 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   gemv(W, a, s);
 }
 
+bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
+  return a.n == 1 && a.group_rows == 0 && use_xs(W.in) &&
+         gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
+}
+
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.qa8_x && !gemv_stages_x(W, a)) fail("linear: qa8_x on a path that does not stage x (", W.out, "x", W.in, ", n ", a.n, ")");
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
   if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
@@ -1889,8 +1895,16 @@ void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* per
   DSV4_LAUNCHED();
 }
 
+bool expert_gate_up_stages_x(const ExpertArgs& a) {
+  return !expert_tc_ok(a, a.x) && !grouped_ok(a, a.x) && expert_vector_ok(a, a.x) && use_xs(a.d);
+}
+bool expert_down_stages_x(const ExpertArgs& a) {
+  return !expert_tc_ok(a, a.act_q) && !grouped_ok(a, a.act_q) && expert_vector_ok(a, a.act_q) && use_xs(a.I);
+}
+
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.qa8_x && !expert_gate_up_stages_x(a)) fail("expert_gate_up: qa8_x on a path that does not stage x");
   const int blk = fp4_block(a.fmt);
   if (expert_tc_ok(a, a.x)) {
     const dim3 grid(blocks_for(a.I, kTcRows / 2), a.E);
@@ -1953,6 +1967,7 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);
   if (expert_tc_ok(a, a.act_q)) {
     const dim3 grid(blocks_for(a.d, kTcRows), a.E);

@@ -56,12 +56,16 @@ struct LinearArgs {
   int64_t group_x_off = 0;
   bool round_bf16 = false;
   bool x_is_qa8 = false;  // x holds QA8 values (official numerics): exact in BF16, one term in the prefill GEMM
+  // x is raw and the kernel applies QA8 while staging it (official numerics' FP8/FP4 linears): only where
+  // gemv_stages_x() holds (single-token GEMVs), bit-identical to qa8_rows + GEMV.
+  bool qa8_x = false;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
 // exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
 // Everything else runs as the GEMV below.
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // the GEMV path for any n (tests compare)
+bool gemv_stages_x(const DevLinear& W, const LinearArgs& a);         // linear() runs a kernel that stages x (qa8_x ok)
 constexpr int kGemmMinTokens = 16;
 // The prefill GEMM paths (this dense GEMM and the grouped expert kernels) on or off, process-wide; default on,
 // DSV4_PREFILL_GEMM=0 in the environment turns them off. Off, prefill runs the decode kernels (GEMV, per-slot experts),
@@ -261,7 +265,11 @@ struct ExpertArgs {
   // x and act_q hold QA8 values (official numerics, FP8/FP4 experts): exact in BF16, so grouped prefill with
   // MXFP4 / FP8 (power-of-two scales) / BF16 experts runs on the tensor cores (expert_tc_grouped) with exact operands.
   bool x_bf16_exact = false;
+  // x / act_q are raw and the single-slot kernels apply QA8 while staging them (where expert_*_stages_x() hold).
+  bool qa8_x = false, qa8_act = false;
 };
+bool expert_gate_up_stages_x(const ExpertArgs& a);
+bool expert_down_stages_x(const ExpertArgs& a);
 constexpr int kMoeGroupedMinTokens = 16;
 // Counting sort of the n*k routed slots by expert on the device: offsets [E + 1], perm [n*k].
 void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s);

@@ -87,7 +87,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   CLI::App app{"Benchmark the whole forward on synthetic full-size weights (real shapes and formats) on the GPU(s)",
                "dsv4 bench"};
   std::string which, format = "instruct", json_path;
-  int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30;
+  int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30, profile_steps = 0;
   int64_t context = 8192, prompt = -1;
   app.add_option("--synthetic", which, "flash|pro: random weights with the release's shapes and formats")
       ->required()->check(CLI::IsMember({"flash", "pro"}));
@@ -103,6 +103,10 @@ int cmd_bench(const std::vector<std::string>& args) {
   app.add_option("--format", format, "instruct (FP8 + MXFP4 experts) | base (FP8 everywhere) | nvfp4")
       ->check(CLI::IsMember({"instruct", "base", "nvfp4"}));
   app.add_option("--json", json_path, "also write the results as JSON to this file");
+  app.add_option("--profile-steps", profile_steps,
+                 "after the timing, run this many decode steps (graph replays, no LM head) between "
+                 "cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tools/gpu/profile_decode.sh)")
+      ->check(CLI::Range(0, 100));
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results survive a run killed by a time limit
   if (prompt < 0) prompt = context;
@@ -193,6 +197,13 @@ int cmd_bench(const std::vector<std::string>& args) {
     prof = dsv4::cuda_op_profile(*be);
     dsv4::cuda_set_op_profiling(*be, false);
     std::fprintf(stderr, "[bench] per-op profile done\n");
+  }
+  if (profile_steps > 0) {  // the same recorded graph as the timed steps, so the profiler sees exactly those kernels
+    be->synchronize();
+    dsv4::cuda_profiler_range(true);
+    for (int i = 0; i < profile_steps; ++i) step(dec, false);
+    dsv4::cuda_profiler_range(false);
+    std::fprintf(stderr, "[bench] %d profiled decode steps done\n", profile_steps);
   }
   // The two collectives of a layer: wo_b's [hidden] and the experts' [k + 1, hidden] (per-expert partials).
   const double allreduce_us = tp > 1 ? dsv4::cuda_allreduce_us(*be, static_cast<size_t>(cfg.hidden)) : 0.0;

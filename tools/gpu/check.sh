@@ -8,8 +8,9 @@
 # (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer; GTEST_FILTER selects
 # test_cuda tests (default: all but the CPU-only NoiseFloor.*); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
-# and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420). With 2+ GPUs
-# the TP tests are required to run.
+# and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
+# PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu). With 2+ GPUs the TP
+# tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -129,6 +130,12 @@ if [ "$BENCH_SYNTH" != none ]; then
     step "synth$i" "${SYNTH_TIMEOUT:-420}" "$DSV4" bench --synthetic $b --json "$OUT/synth$i.json"
     { echo "\$ dsv4 bench --synthetic $b"; grep -v '^\[bench\]' "$OUT/synth$i.log" | grep -v '^{'; } >> "$SUMMARY"
   done
+fi
+
+# PROFILE_DECODE=1: per-kernel GPU time of one Flash decode step (2 layers) under Nsight Compute, next to the step time.
+if [ -n "${PROFILE_DECODE:-}" ]; then
+  step profile_decode 300 env OUT="$OUT/profile" "$ROOT/tools/gpu/profile_decode.sh" "$DSV4"
+  cat "$OUT/profile/summary.txt" >> "$SUMMARY" 2>/dev/null
 fi
 
 # Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.

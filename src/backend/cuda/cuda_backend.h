@@ -55,6 +55,9 @@ double cuda_allreduce_us(Backend& b, size_t floats, int reps = 200);
 const char* cuda_allreduce_kind(Backend& b, size_t floats);  // "peer one-shot" or "ncclAllReduce"
 // Streaming-read bandwidth of `device` in bytes/s: median of 10 reads of `bytes`.
 double cuda_read_bandwidth(int device, size_t bytes);
+// cudaProfilerStart / cudaProfilerStop: brackets work for an external profiler started with collection off
+// (`ncu --profile-from-start off`, tools/gpu/profile_decode.sh).
+void cuda_profiler_range(bool start);
 
 namespace cuda_detail {  // between the single-GPU backend and the TP backend
 std::vector<std::pair<std::string, double>> op_profile(Backend& rank);

@@ -10,6 +10,7 @@
 // Why one thread rather than one per GPU: a replayed decode step is one graph launch per GPU, so host issue cost is
 // negligible where latency matters; eager prefill ops are long enough to hide it. Multi-process/multi-host is the same
 // code with the NCCL unique id exchanged out of band (docs/MULTI_GPU.md).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #if DSV4_HAVE_NCCL
 #include <nccl.h>
@@ -449,6 +450,8 @@ const char* cuda_allreduce_kind(Backend&, size_t) { return "none"; }
 }  // namespace dsv4
 
 namespace dsv4 {
+void cuda_profiler_range(bool start) { DSV4_CU(start ? cudaProfilerStart() : cudaProfilerStop()); }
+
 double cuda_read_bandwidth(int device, size_t bytes) {
   DSV4_CU(cudaSetDevice(device));
   void* p = nullptr;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Per-kernel GPU time of one decode step, from Nsight Compute (the GPU machine has /usr/local/cuda/bin/ncu, no nsys).
+# Runs `dsv4 bench --synthetic ... --profile-steps 1` under `ncu --profile-from-start off`, so exactly the kernels of
+# one replayed decode graph are measured (each serialised by ncu: its own duration, without launch gaps or overlap),
+# then tools/gpu/ncu_summary.py prints them by kernel with counts and the sum, next to the bench's graph step time:
+# sum << step time means the step is dominated by gaps/dependencies between kernels, sum ~ step time by the kernels.
+# Usage: tools/gpu/profile_decode.sh [DSV4_BIN] [bench args...]   (default: build-cuda/dsv4, Flash 2 layers at 8K)
+# Output: $OUT (default build-gpu/profile) / ncu.csv, bench.log, summary.txt.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${1:-$ROOT/build-cuda/dsv4}
+shift || true
+ARGS=("$@")
+[ ${#ARGS[@]} -eq 0 ] && ARGS=(--synthetic flash --layers 2 --context 8192 --prompt 256)
+OUT=${OUT:-$ROOT/build-gpu/profile}
+mkdir -p "$OUT"
+NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+# --clock-control none: keep the boost clocks the bench runs at (ncu locks base clocks by default).
+"$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+  --log-file "$OUT/ncu.csv" "$BIN" bench "${ARGS[@]}" --steps 20 --profile-steps 1 > "$OUT/bench.log" 2>&1
+python3 "$ROOT/tools/gpu/ncu_summary.py" "$OUT/ncu.csv" "$OUT/bench.log" | tee "$OUT/summary.txt"

@@ -395,6 +395,17 @@ void run_experts(int n, bool grouped) {
     a.y = dy.p;
     cu::expert_down(a, nullptr);
     cu::moe_reduce(dy.p, nullptr, n, k, d, official, dout.p, nullptr);
+    if (!grouped && n >= 2) {
+      // Token 0 alone (n = 1: the persistent decode kernels, expert_tiles_kernel) gives bit for bit what the
+      // per-(row block, slot) kernels gave it inside the n-token call: same chunk order per lane, same warp sums.
+      cu::ExpertArgs one = a;
+      DBuf<float> act1(static_cast<size_t>(k * I)), y1(static_cast<size_t>(k * d));
+      one.n = 1, one.act = act1.p, one.y = y1.p;
+      cu::expert_gate_up(one, nullptr);
+      cu::expert_down(one, nullptr);  // act_q rows 0..k-1 of the n-token call
+      EXPECT_EQ(0, std::memcmp(act1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up";
+      EXPECT_EQ(0, std::memcmp(y1.get().data(), dy.get().data(), static_cast<size_t>(k * d) * 4)) << "decode down";
+    }
     if (official && !grouped) {
       // The single-slot kernels quantizing x and act while staging them (qa8_x / qa8_act, the decode path): bit for
       // bit the QA8 kernels' result.

@@ -1941,6 +1941,19 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
+  if (a.n == 1 && a.k <= kTilesMaxK && use_xs(a.d)) {  // decode: one persistent pass over all k experts
+    const size_t sm = static_cast<size_t>(a.d) * 4;
+    const dim3 grid(static_cast<unsigned>(2 * sm_count()));
+    switch (fmt_of(a.fmt)) {
+      case kF32: allow_smem(expert_tiles_kernel<kF32, true>, sm), launch(expert_tiles_kernel<kF32, true>, grid, 256, sm, s, a, blk); break;
+      case kBF16: allow_smem(expert_tiles_kernel<kBF16, true>, sm), launch(expert_tiles_kernel<kBF16, true>, grid, 256, sm, s, a, blk); break;
+      case kF16: allow_smem(expert_tiles_kernel<kF16, true>, sm), launch(expert_tiles_kernel<kF16, true>, grid, 256, sm, s, a, blk); break;
+      case kFP8: allow_smem(expert_tiles_kernel<kFP8, true>, sm), launch(expert_tiles_kernel<kFP8, true>, grid, 256, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_tiles_kernel<kFP4, true>, sm), launch(expert_tiles_kernel<kFP4, true>, grid, 256, sm, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (use_xs(a.d)) {
     const size_t sm = static_cast<size_t>(a.d) * 4;
     const dim3 grid(blocks_for(a.I, 16), a.n * a.k);
@@ -2000,6 +2013,19 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
       case kF16: launch(expert_down_kernel<kF16>, grid, 256, 0, s, a, blk); break;
       case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (a.n == 1 && a.k <= kTilesMaxK && use_xs(static_cast<int64_t>(a.k) * a.I)) {  // decode: all k act rows staged
+    const size_t sm = static_cast<size_t>(a.k) * a.I * 4;
+    const dim3 grid(static_cast<unsigned>(2 * sm_count()));
+    switch (fmt_of(a.fmt)) {
+      case kF32: allow_smem(expert_tiles_kernel<kF32, false>, sm), launch(expert_tiles_kernel<kF32, false>, grid, 256, sm, s, a, blk); break;
+      case kBF16: allow_smem(expert_tiles_kernel<kBF16, false>, sm), launch(expert_tiles_kernel<kBF16, false>, grid, 256, sm, s, a, blk); break;
+      case kF16: allow_smem(expert_tiles_kernel<kF16, false>, sm), launch(expert_tiles_kernel<kF16, false>, grid, 256, sm, s, a, blk); break;
+      case kFP8: allow_smem(expert_tiles_kernel<kFP8, false>, sm), launch(expert_tiles_kernel<kFP8, false>, grid, 256, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_tiles_kernel<kFP4, false>, sm), launch(expert_tiles_kernel<kFP4, false>, grid, 256, sm, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;

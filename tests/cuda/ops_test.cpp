@@ -405,6 +405,18 @@ void run_experts(int n, bool grouped) {
       cu::expert_down(one, nullptr);  // act_q rows 0..k-1 of the n-token call
       EXPECT_EQ(0, std::memcmp(act1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up";
       EXPECT_EQ(0, std::memcmp(y1.get().data(), dy.get().data(), static_cast<size_t>(k * d) * 4)) << "decode down";
+      if (official) {  // ... and with QA8 applied while staging (the official decode path): the same bits again
+        cu::ExpertArgs f1 = one;
+        DBuf<float> fact1(static_cast<size_t>(k * I)), fy1(static_cast<size_t>(k * d));
+        f1.x = dx.p, f1.qa8_x = true, f1.act = fact1.p;
+        ASSERT_TRUE(cu::expert_gate_up_stages_x(f1));
+        cu::expert_gate_up(f1, nullptr);
+        f1.act_q = fact1.p, f1.qa8_act = true, f1.y = fy1.p;
+        ASSERT_TRUE(cu::expert_down_stages_x(f1));
+        cu::expert_down(f1, nullptr);
+        EXPECT_EQ(0, std::memcmp(fact1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up, fused QA8";
+        EXPECT_EQ(0, std::memcmp(fy1.get().data(), dy.get().data(), static_cast<size_t>(k * d) * 4)) << "decode down, fused QA8";
+      }
     }
     if (official && !grouped) {
       // The single-slot kernels quantizing x and act while staging them (qa8_x / qa8_act, the decode path): bit for

@@ -1463,8 +1463,10 @@ unsigned grid_1d(int64_t total) {
   return static_cast<unsigned>(b < 1 ? 1 : b);
 }
 
+// The dynamic shared-memory opt-in, set for every size: a kernel's static shared memory counts against the same 48 KB
+// default, so a dynamic size just under 48 KB plus a static table fails to launch without it.
 void set_smem(const void* fn, size_t bytes) {
-  if (bytes > 48 * 1024) DSV4_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  if (bytes > 0) DSV4_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {

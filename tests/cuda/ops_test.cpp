@@ -695,10 +695,10 @@ TEST(CudaOps, MhcPrePost) {
 }
 
 // ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------
-void run_compressor(int m, int64_t c, bool overlap, bool main, bool official) {
-  std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap));
+void run_compressor(int m, int64_t c, bool overlap, bool main, bool official, int windows = 2) {
+  std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap + windows));
   const int64_t W = (overlap ? 2 : 1) * c, R = 64;
-  const int n = 2 * m + 3;
+  const int n = windows * m + 3;
   const int64_t pos0 = 0;
   vector<float> K = randn(static_cast<size_t>(n * W), g), Z = randn(static_cast<size_t>(n * W), g),
                 ape = randn(static_cast<size_t>(m * W), g, 0.1f), nw = randn(c, g, 0.1f), inv(R / 2);
@@ -759,14 +759,29 @@ void run_compressor(int m, int64_t c, bool overlap, bool main, bool official) {
   a.K = dK.p + split * W, a.Z = dZ.p + split * W, a.n = n - split, a.pos0 = split, a.count0 = (split) / m;
   cu::compressor(a, nullptr);
   const std::string what = std::string("compressor ") + (main ? "main" : "indexer") + " m=" + std::to_string(m) +
-                           " c=" + std::to_string(c);
+                           " c=" + std::to_string(c) + " n=" + std::to_string(n);
   expect_close(dcache.get(), ref, official, what.c_str());
+  // The same tokens one at a time (the decode kernel, compressor_kernel) vs the two chunks above (the prefill
+  // kernels, compressor_emit_kernel + compressor_state_kernel): bit-identical entries and final state.
+  DBuf<float> tsK(sK.size()), tsZ(sZ.size()), tcache(ref.size());
+  cu::fill_f32(tsZ.p, static_cast<int64_t>(sZ.size()), -INFINITY, nullptr);
+  cu::CompressorArgs b = a;
+  b.sK = tsK.p, b.sZ = tsZ.p, b.cache = tcache.p, b.n = 1;
+  for (int i = 0; i < n; ++i) {
+    b.K = dK.p + i * W, b.Z = dZ.p + i * W, b.pos0 = i, b.count0 = i / m;
+    cu::compressor(b, nullptr);
+  }
+  EXPECT_EQ(0, std::memcmp(tcache.get().data(), dcache.get().data(), ref.size() * 4)) << what << ": chunked vs token by token";
+  EXPECT_EQ(0, std::memcmp(tsK.get().data(), dsK.get().data(), sK.size() * 4)) << what << ": state K";
+  EXPECT_EQ(0, std::memcmp(tsZ.get().data(), dsZ.get().data(), sZ.size() * 4)) << what << ": state Z";
 }
 TEST(CudaOps, Compressors) {
   for (bool off : {false, true}) {
     run_compressor(4, 512, true, true, off);
     run_compressor(128, 512, false, true, off);
     run_compressor(4, 128, true, false, off);
+    run_compressor(4, 512, true, true, off, 9);   // several entries per chunk (prefill kernels)
+    run_compressor(4, 128, true, false, off, 9);
   }
 }
 

@@ -514,6 +514,49 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
 // Compressor: ONE block walks the chunk's tokens in order (the state update is sequential by definition); thread j
 // owns state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the
 // emitted entry is finished block-wide (norm, RoPE, quantization simulation).
+// The compressor's pooling of one emitted entry, column j: softmax over the ns window rows of Z (max first, sums in
+// double) weighting K. get(s, z, kv) yields window row s (s < m: the previous window in overlap mode).
+template <typename Get>
+__device__ __forceinline__ float comp_pool(int ns, Get get) {
+  float zmax = -INFINITY;
+  for (int s = 0; s < ns; ++s) {
+    float z, kv;
+    get(s, z, kv);
+    zmax = fmaxf(zmax, z);
+  }
+  double den = 0.0, num = 0.0;
+  for (int s = 0; s < ns; ++s) {
+    float z, kv;
+    get(s, z, kv);
+    const double e = z == -INFINITY ? 0.0 : exp(static_cast<double>(z - zmax));
+    den += e;
+    num += e * kv;
+  }
+  return static_cast<float>(num / den);
+}
+
+// An emitted entry (pooled in `entry`, all c columns) finished and stored: [official] BF16, RMSNorm, RoPE at the
+// window's first position, then SIM8 of the nope dims (main) or Hadamard + SIM4 (indexer).
+__device__ __forceinline__ void comp_finish(const CompressorArgs& a, float* entry, double* red, int64_t t, float* dst) {
+  const int m = a.ratio, c = static_cast<int>(a.width), R = static_cast<int>(a.rope_dim);
+  if (a.official) block_round_bf16(entry, c);
+  block_rms(entry, c, a.norm_w, a.eps, red);
+  if (a.official) block_round_bf16(entry, c);
+  block_rope(entry + (c - R), a.inv_freq, R / 2, (t / m) * m, false);
+  if (a.official) {
+    block_round_bf16(entry + (c - R), R);
+    if (a.main) {
+      block_fake_quant(entry, c - R, 64, 8);
+    } else {
+      block_hadamard(entry, c);
+      block_round_bf16(entry, c);
+      block_fake_quant(entry, c, 32, 4);
+    }
+  }
+  for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = entry[j];
+}
+
+// Token-by-token compressor (decode steps, graph mode): one block walks the chunk's positions through the state.
 __global__ void compressor_kernel(CompressorArgs a) {
   pdl_wait();
   extern __shared__ float entry[];
@@ -537,21 +580,10 @@ __global__ void compressor_kernel(CompressorArgs a) {
     }
     if ((t + 1) % m != 0) continue;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
-      const int ns = a.overlap ? 2 * m : m;
-      float zmax = -INFINITY;
-      for (int s = 0; s < ns; ++s) {
-        const float z = s < m ? a.sZ[s * W + j] : a.sZ[s * W + c + j];
-        zmax = fmaxf(zmax, z);
-      }
-      double den = 0.0, num = 0.0;
-      for (int s = 0; s < ns; ++s) {
-        const float z = s < m ? a.sZ[s * W + j] : a.sZ[s * W + c + j];
-        const float kv = s < m ? a.sK[s * W + j] : a.sK[s * W + c + j];
-        const double e = z == -INFINITY ? 0.0 : exp(static_cast<double>(z - zmax));
-        den += e;
-        num += e * kv;
-      }
-      entry[j] = static_cast<float>(num / den);
+      entry[j] = comp_pool(a.overlap ? 2 * m : m, [&](int s, float& z, float& kv) {
+        const int64_t x = s < m ? s * W + j : s * W + c + j;
+        z = a.sZ[x], kv = a.sK[x];
+      });
       if (a.overlap)  // this window becomes the previous one (own columns only)
         for (int s = 0; s < m; ++s)
           for (int h = 0; h < 2; ++h) {
@@ -560,25 +592,73 @@ __global__ void compressor_kernel(CompressorArgs a) {
           }
     }
     __syncthreads();
-    const int R = static_cast<int>(a.rope_dim);
-    if (a.official) block_round_bf16(entry, c);
-    block_rms(entry, c, a.norm_w, a.eps, red);
-    if (a.official) block_round_bf16(entry, c);
-    block_rope(entry + (c - R), a.inv_freq, R / 2, (t / m) * m, false);
-    if (a.official) {
-      block_round_bf16(entry + (c - R), R);
-      if (a.main) {
-        block_fake_quant(entry, c - R, 64, 8);
-      } else {
-        block_hadamard(entry, c);
-        block_round_bf16(entry, c);
-        block_fake_quant(entry, c, 32, 4);
-      }
-    }
-    float* dst = a.cache + (count0 + emitted) * c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = entry[j];
+    comp_finish(a, entry, red, t, a.cache + (count0 + emitted) * c);
     ++emitted;
     __syncthreads();
+  }
+}
+
+// Prefill: every entry the chunk emits is independent of the others (it pools a fixed window of positions), so each
+// gets its own block; the positions come from the chunk's K/Z or, before pos0, from the state as the chunk found it.
+// Same arithmetic as compressor_kernel (comp_pool, comp_finish): bit-identical entries. The state is brought to the
+// chunk's end afterwards (compressor_state_kernel).
+//   Position p's value for column col: p >= pos0 -> K/Z of the chunk (+ ape); else the state row holding it: the
+//   current window (starting W0 = pos0 - pos0 % m) at rows [m, 2m) in overlap mode, [0, m) otherwise; the window
+//   before it (overlap) at rows [0, m).
+__device__ __forceinline__ void comp_value(const CompressorArgs& a, int64_t p, int col, float& z, float& kv) {
+  const int m = a.ratio, W = static_cast<int>(a.overlap ? 2 * a.width : a.width);
+  if (p >= a.pos0) {
+    const int64_t i = p - a.pos0;
+    kv = a.K[i * W + col];
+    z = a.Z[i * W + col] + a.ape[(p % m) * W + col];
+    return;
+  }
+  const int64_t W0 = a.pos0 / m * m;
+  const int64_t row = !a.overlap ? p - W0 : (p >= W0 ? m + (p - W0) : p - (W0 - m));
+  kv = a.sK[row * W + col];
+  z = a.sZ[row * W + col];
+}
+
+__global__ void compressor_emit_kernel(CompressorArgs a) {
+  pdl_wait();
+  extern __shared__ float entry[];
+  __shared__ double red[32];
+  const int m = a.ratio, c = static_cast<int>(a.width);
+  const int64_t t = a.pos0 / m * m + m - 1 + static_cast<int64_t>(blockIdx.x) * m;  // this entry's last position
+  const int64_t w = t - m + 1;                                                      // its window's first position
+  for (int j = threadIdx.x; j < c; j += blockDim.x)
+    entry[j] = comp_pool(a.overlap ? 2 * m : m, [&](int s, float& z, float& kv) {
+      if (s < m) comp_value(a, a.overlap ? w - m + s : w + s, j, z, kv);
+      else comp_value(a, w + s - m, c + j, z, kv);
+    });
+  __syncthreads();
+  comp_finish(a, entry, red, t, a.cache + (a.count0 + blockIdx.x) * c);
+}
+
+// The state after the chunk, one thread per column, as compressor_kernel would leave it: row (overlap ? m : 0) + r
+// holds the last position <= end - 1 with residue r (unchanged if the chunk has none); in overlap mode rows [0, m)
+// hold the window of the chunk's last emitted entry (unchanged if it emitted none). Each thread reads a state row
+// before it overwrites it (rows [0, m) may come from the old rows [m, 2m)).
+__global__ void compressor_state_kernel(CompressorArgs a) {
+  pdl_wait();
+  const int m = a.ratio, W = static_cast<int>(a.overlap ? 2 * a.width : a.width);
+  const int col = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (col >= W) return;
+  const int64_t end = a.pos0 + a.n, last_t = end / m * m - 1;  // the last emitted entry's last position
+  const bool emitted = last_t >= a.pos0;
+  const int base = a.overlap ? m : 0;
+  for (int r = 0; r < m; ++r) {
+    if (a.overlap && emitted) {
+      float z, kv;
+      comp_value(a, last_t - m + 1 + r, col, z, kv);
+      a.sK[r * W + col] = kv, a.sZ[r * W + col] = z;
+    }
+    if (end - 1 < r) continue;
+    const int64_t p = r + (end - 1 - r) / m * m;  // the last position with residue r
+    if (p < a.pos0) continue;
+    float z, kv;
+    comp_value(a, p, col, z, kv);
+    a.sK[(base + r) * W + col] = kv, a.sZ[(base + r) * W + col] = z;
   }
 }
 
@@ -1783,7 +1863,18 @@ void compressor(const CompressorArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.width > 1024 || a.width % 32 != 0) fail("compressor: width ", a.width, " must be a multiple of 32 and <= 1024");
   const size_t sm = static_cast<size_t>(a.width) * 4;
-  launch(compressor_kernel, 1, static_cast<unsigned>(a.width), sm, s, a);
+  if (a.dpos || a.n < 2) {  // decode (graph mode reads the position on the device)
+    launch(compressor_kernel, 1, static_cast<unsigned>(a.width), sm, s, a);
+    DSV4_LAUNCHED();
+    return;
+  }
+  const int64_t emits = (a.pos0 + a.n) / a.ratio - a.pos0 / a.ratio;
+  if (emits > 0) {
+    launch(compressor_emit_kernel, static_cast<unsigned>(emits), static_cast<unsigned>(a.width), sm, s, a);
+    DSV4_LAUNCHED();
+  }
+  const int64_t W = (a.overlap ? 2 : 1) * a.width;
+  launch(compressor_state_kernel, blocks_for(W, 256), 256, 0, s, a);
   DSV4_LAUNCHED();
 }
 

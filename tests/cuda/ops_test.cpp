@@ -771,9 +771,31 @@ void run_compressor(int m, int64_t c, bool overlap, bool main, bool official, in
     b.K = dK.p + i * W, b.Z = dZ.p + i * W, b.pos0 = i, b.count0 = i / m;
     cu::compressor(b, nullptr);
   }
-  EXPECT_EQ(0, std::memcmp(tcache.get().data(), dcache.get().data(), ref.size() * 4)) << what << ": chunked vs token by token";
-  EXPECT_EQ(0, std::memcmp(tsK.get().data(), dsK.get().data(), sK.size() * 4)) << what << ": state K";
-  EXPECT_EQ(0, std::memcmp(tsZ.get().data(), dsZ.get().data(), sZ.size() * 4)) << what << ": state Z";
+  const auto tok_cache = tcache.get(), tok_K = tsK.get(), tok_Z = tsZ.get();
+  EXPECT_EQ(0, std::memcmp(tok_cache.data(), dcache.get().data(), ref.size() * 4)) << what << ": chunked vs token by token";
+  EXPECT_EQ(0, std::memcmp(tok_K.data(), dsK.get().data(), sK.size() * 4)) << what << ": state K";
+  EXPECT_EQ(0, std::memcmp(tok_Z.data(), dsZ.get().data(), sZ.size() * 4)) << what << ": state Z";
+  // Other chunkings: chunks starting on window boundaries with pos0 > 0 (the usual prefill), chunks that emit nothing
+  // (n < m), and several entries per chunk; each must leave the token-by-token entries and final state.
+  for (const vector<int>& sizes : {vector<int>{m, m, 2 * m + 1}, vector<int>{std::max(2, m / 3), 3, 2 * m + 1, m},
+                                   vector<int>{2, 3 * m, 5}}) {
+    DBuf<float> csK(sK.size()), csZ(sZ.size()), ccache(ref.size());
+    cu::fill_f32(csZ.p, static_cast<int64_t>(sZ.size()), -INFINITY, nullptr);
+    cu::CompressorArgs c2 = a;
+    c2.sK = csK.p, c2.sZ = csZ.p, c2.cache = ccache.p;
+    int p0 = 0;
+    for (size_t ci = 0; p0 < n; ++ci) {
+      const int len = std::min(n - p0, sizes[ci % sizes.size()]);
+      c2.K = dK.p + p0 * W, c2.Z = dZ.p + p0 * W, c2.n = len, c2.pos0 = p0, c2.count0 = p0 / m;
+      cu::compressor(c2, nullptr);
+      p0 += len;
+    }
+    std::string chunks;
+    for (int v : sizes) chunks += std::to_string(v) + ",";
+    EXPECT_EQ(0, std::memcmp(ccache.get().data(), tok_cache.data(), ref.size() * 4)) << what << ": chunks " << chunks;
+    EXPECT_EQ(0, std::memcmp(csK.get().data(), tok_K.data(), sK.size() * 4)) << what << ": state K, chunks " << chunks;
+    EXPECT_EQ(0, std::memcmp(csZ.get().data(), tok_Z.data(), sZ.size() * 4)) << what << ": state Z, chunks " << chunks;
+  }
 }
 TEST(CudaOps, Compressors) {
   for (bool off : {false, true}) {
@@ -782,6 +804,7 @@ TEST(CudaOps, Compressors) {
     run_compressor(4, 128, true, false, off);
     run_compressor(4, 512, true, true, off, 9);   // several entries per chunk (prefill kernels)
     run_compressor(4, 128, true, false, off, 9);
+    run_compressor(128, 512, false, true, off, 5);  // HCA: several entries per chunk, chunks that emit none
   }
 }
 

@@ -511,9 +511,6 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Compressor: ONE block walks the chunk's tokens in order (the state update is sequential by definition); thread j
-// owns state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the
-// emitted entry is finished block-wide (norm, RoPE, quantization simulation).
 // The compressor's pooling of one emitted entry, column j: softmax over the ns window rows of Z (max first, sums in
 // double) weighting K. get(s, z, kv) yields window row s (s < m: the previous window in overlap mode).
 template <typename Get>
@@ -556,7 +553,9 @@ __device__ __forceinline__ void comp_finish(const CompressorArgs& a, float* entr
   for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = entry[j];
 }
 
-// Token-by-token compressor (decode steps, graph mode): one block walks the chunk's positions through the state.
+// Token-by-token compressor (decode steps, graph mode): ONE block walks the chunk's tokens in order; thread j owns
+// state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the emitted
+// entry is finished block-wide (norm, RoPE, quantization simulation).
 __global__ void compressor_kernel(CompressorArgs a) {
   pdl_wait();
   extern __shared__ float entry[];

@@ -444,13 +444,17 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
 // kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible
 // entry at a long context (many chunks, the last ones partly empty for the earlier queries); odd head counts exercise
 // partial head groups.
-void run_attention(int kind, int H, int64_t pos0, int n, int ratio) {
+// bf16_inputs: q and the KV rows are BF16 values, as official numerics make them (the tensor-core prefill path
+// relies on it); prefill-sized n then also compares that path with the split-KV kernels.
+void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_inputs = false) {
   std::mt19937 g(static_cast<unsigned>(3 + kind * 100 + H));
   const int W = 128, K = kind == 1 ? 512 : 0;
   const int64_t D = 512, ncomp = (pos0 + n) / ratio;
   vector<float> q = randn(static_cast<size_t>(n * H * D), g), kv = randn(static_cast<size_t>(n * D), g),
                 ring = randn(static_cast<size_t>(W * D), g), comp = randn(static_cast<size_t>(ncomp * D), g),
                 sink = randn(H, g);
+  if (bf16_inputs)
+    for (vector<float>* v : {&q, &kv, &ring, &comp}) num::round_bf16(v->data(), static_cast<int64_t>(v->size()));
   vector<int32_t> topk(static_cast<size_t>(std::max(1, n * K)), -1);
   for (int i = 0; i < n && kind == 1; ++i) {
     const int64_t vis = (pos0 + i + 1) / ratio;
@@ -496,14 +500,34 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio) {
     DBuf<float> scr(static_cast<size_t>(cu::attend_scratch_floats(n, H, D, a.max_rows)));
     a.scratch = scr.p, a.o = dout.p, a.err = derr.p;
     cu::attend(a, nullptr);
+    const bool tc = official && bf16_inputs && n >= cu::kGemmMinTokens;
     const std::string what = std::string("attention ") + std::to_string(H) + "h " + (kind == 1 ? "win+topk" : "win+HCA") +
-                             " n=" + std::to_string(n);
+                             " n=" + std::to_string(n) + (tc ? " (tensor cores)" : "");
     expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
+    if (tc) {
+      // The split-KV kernels on the same inputs: the same function up to fp32 summation order, so only rare BF16
+      // rounding flips (of p or of the output) may differ.
+      DBuf<float> dsplit(ref.size());
+      cu::set_prefill_gemm(false);
+      a.o = dsplit.p;
+      cu::attend(a, nullptr);
+      cu::set_prefill_gemm(true);
+      const Stats st = cmp(dout.get(), dsplit.get());
+      std::printf("[op] attention tensor cores vs split-KV n=%d: rel L2 %.3g, off>1%% %.4f%%\n", n, st.rel, 100 * st.frac_off);
+      EXPECT_LE(st.rel, 1e-3);
+      EXPECT_LE(st.frac_off, 1e-3);
+    }
   }
 }
 
 TEST(CudaOps, AttentionWindowPlusTopk) { run_attention(1, 64, 4093, 3, 4); }
+// Prefill chunks in official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
+TEST(CudaOps, AttentionPrefillTensorCores) {
+  run_attention(1, 64, 4093, 24, 4, true);
+  run_attention(2, 64, 128 * 70 - 2, 20, 128, true);
+  run_attention(2, 20, 128 * 40 + 5, 17, 128, true);  // partial head tiles
+}
 TEST(CudaOps, AttentionHcaLongContext) {
   run_attention(2, 64, 128 * 700 - 2, 2, 128);
   run_attention(2, 20, 128 * 40 + 5, 3, 128);

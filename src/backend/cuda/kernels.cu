@@ -1485,6 +1485,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_xsmem.cuh"
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/bf16_split.cuh"
+#include "backend/cuda/attend_tc.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -1837,11 +1838,22 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
+  auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
+  if (a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled()) {
+    // Prefill chunk, official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
+    float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);  // [n][H][2] (room: >= 1 chunk)
+    const size_t sm = static_cast<size_t>(kTcAttH + kTcAttRows) * kTcAttQLd * 4;
+    allow_smem(attend_tc_scores, sm);
+    launch(attend_tc_scores, static_cast<unsigned>(a.n), 256, sm, s, a, stats);
+    DSV4_LAUNCHED();
+    launch(attend_tc_pv, dim3(static_cast<unsigned>(a.n), kTcAttD / kTcAttDv), 256, 0, s, a, static_cast<const float*>(stats));
+    DSV4_LAUNCHED();
+    return;
+  }
   const AttSplit sp = att_split(a.n, a.H, a.max_rows);
   // Graph mode launches the most chunks any position up to the capacity can need; the kernels recompute the actual
   // chunking, so the extra chunks are empty (max -inf, zero partials) and change no sum.
   const int nchunks = a.dpos ? sp.bound : sp.nchunks;
-  auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
   float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
   float* part = stats + up4(static_cast<int64_t>(a.n) * nchunks * a.H * 2);
   const dim3 grid(nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);

@@ -67,7 +67,8 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // the GEMV path for any n (tests compare)
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a);         // linear() runs a kernel that stages x (qa8_x ok)
 constexpr int kGemmMinTokens = 16;
-// The prefill GEMM paths (this dense GEMM and the grouped expert kernels) on or off, process-wide; default on,
+// The prefill GEMM paths (this dense GEMM, the grouped expert kernels, the tensor-core prefill attention) on or
+// off, process-wide; default on,
 // DSV4_PREFILL_GEMM=0 in the environment turns them off. Off, prefill runs the decode kernels (GEMV, per-slot experts),
 // whose per-row summation order equals decode's: for A/B timing and for tests that need decode and prefill to agree
 // bit for bit where official numerics amplify last-bit differences.

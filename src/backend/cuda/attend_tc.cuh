@@ -8,7 +8,8 @@
 // fp32 accumulation.
 // Exact under official numerics: q (norm_rope rounds every dim to BF16), the KV rows (SIM8 nope dims = E4M3 x a power
 // of two, BF16 RoPE dims) and the probabilities (BF16-rounded after the global normalisation, as the CPU does) are
-// BF16 values, so every product is exact and only the fp32 summation order differs from the split-KV kernels.
+// BF16 values, so every product is exact and only the fp32 summation (order, and the tensor cores' accumulation,
+// which is not round-to-nearest) differs from the split-KV kernels.
 // Softmax statistics (max, then sum of exp in double, then the sink) follow the split-KV kernels with one chunk.
 //   1. attend_tc_scores: grid n queries; S[i, h, j] = q_h . k_j / sqrt(D) (-inf for skipped rows) into the scratch,
 //      then per head (max_j S, sum_j exp(S - max)) into stats, as attend_scores_kernel does for a single chunk.
@@ -46,8 +47,7 @@ __global__ void __launch_bounds__(256) attend_tc_scores(AttendArgs a, float* sta
     const int h = x / D4, e4 = x % D4;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (h < H) v = __ldg(reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(i) * H + h) * kTcAttD) + e4);
-    Qs[h * kTcAttQLd + 2 * e4] = pack_bf16x2(v.x, v.y);
-    Qs[h * kTcAttQLd + 2 * e4 + 1] = pack_bf16x2(v.z, v.w);
+    *reinterpret_cast<uint2*>(&Qs[h * kTcAttQLd + 2 * e4]) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   const int mt = warp >> 1, nt0 = (warp & 1) * 2;  // heads 16 mt .. + 16, rows 8 nt0 .. + 16 of the tile
@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(256) attend_tc_scores(AttendArgs a, float* sta
       const int r = x / D4, e4 = x % D4;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (valid[r]) v = __ldg(reinterpret_cast<const float4*>(rp[r]) + e4);
-      Ks[r * kTcAttQLd + 2 * e4] = pack_bf16x2(v.x, v.y);
-      Ks[r * kTcAttQLd + 2 * e4 + 1] = pack_bf16x2(v.z, v.w);
+      *reinterpret_cast<uint2*>(&Ks[r * kTcAttQLd + 2 * e4]) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
     }
     __syncthreads();
     if (mt * 16 < H) {
@@ -136,28 +135,29 @@ __global__ void __launch_bounds__(256) attend_tc_pv(AttendArgs a, const float* s
   float acc[16][4] = {};
   const float* S = a.scratch + static_cast<int64_t>(i) * H * a.max_rows;
   __nv_bfloat16* Ph = reinterpret_cast<__nv_bfloat16*>(Pw);
-  __nv_bfloat16* Vh = reinterpret_cast<__nv_bfloat16*>(Vw);
   for (int j0 = 0; j0 < g.nrows; j0 += kTcAttRows) {
     const int nr = min(kTcAttRows, g.nrows - j0);
     __syncthreads();  // the previous tile is consumed (and Ms/Zs written, the first time)
     att_tc_rows(a, i, g, j0, nr, rp, valid);
     __syncthreads();
-    for (int x = threadIdx.x; x < kTcAttRows * (kTcAttDv / 4); x += blockDim.x) {
-      const int r = x / (kTcAttDv / 4), e4 = x % (kTcAttDv / 4);
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (valid[r]) v = __ldg(reinterpret_cast<const float4*>(rp[r] + d0) + e4);
-      const int dd = 4 * e4;
-      Vh[(dd + 0) * (2 * kTcAttPLd) + r] = __float2bfloat16_rn(v.x);
-      Vh[(dd + 1) * (2 * kTcAttPLd) + r] = __float2bfloat16_rn(v.y);
-      Vh[(dd + 2) * (2 * kTcAttPLd) + r] = __float2bfloat16_rn(v.z);
-      Vh[(dd + 3) * (2 * kTcAttPLd) + r] = __float2bfloat16_rn(v.w);
+    // Transposed V: a thread takes rows 2 rp2, 2 rp2 + 1 and 4 dims and stores 4 words (row pairs); the 32 lanes of a
+    // warp (16 row pairs x 2 dim groups) hit 32 different banks.
+    for (int x = threadIdx.x; x < (kTcAttRows / 2) * (kTcAttDv / 4); x += blockDim.x) {
+      const int rp2 = x % (kTcAttRows / 2), e4 = x / (kTcAttRows / 2);
+      const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 v0 = valid[2 * rp2] ? __ldg(reinterpret_cast<const float4*>(rp[2 * rp2] + d0) + e4) : z4;
+      const float4 v1 = valid[2 * rp2 + 1] ? __ldg(reinterpret_cast<const float4*>(rp[2 * rp2 + 1] + d0) + e4) : z4;
+      Vw[(4 * e4 + 0) * kTcAttPLd + rp2] = pack_bf16x2(v0.x, v1.x);
+      Vw[(4 * e4 + 1) * kTcAttPLd + rp2] = pack_bf16x2(v0.y, v1.y);
+      Vw[(4 * e4 + 2) * kTcAttPLd + rp2] = pack_bf16x2(v0.z, v1.z);
+      Vw[(4 * e4 + 3) * kTcAttPLd + rp2] = pack_bf16x2(v0.w, v1.w);
     }
     for (int x = threadIdx.x; x < kTcAttH * kTcAttRows; x += blockDim.x) {
       const int h = x / kTcAttRows, r = x % kTcAttRows;
       float p = 0.0f;
       if (h < H && r < nr) {
         const float s = S[static_cast<int64_t>(h) * a.max_rows + j0 + r];
-        if (s != -INFINITY) p = bf16r(static_cast<float>(exp(static_cast<double>(s - Ms[h])) / Zs[h]));
+        if (s != -INFINITY) p = static_cast<float>(exp(static_cast<double>(s - Ms[h])) / Zs[h]);  // BF16 below
       }
       Ph[h * (2 * kTcAttPLd) + r] = __float2bfloat16_rn(p);
     }

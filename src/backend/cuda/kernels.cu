@@ -1833,13 +1833,17 @@ int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
   return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.bound * H * (2 + D) + 8;  // + alignment
 }
 
+bool attend_uses_tc(const AttendArgs& a) {
+  return a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled();
+}
+
 void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
-  if (a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled()) {
+  if (attend_uses_tc(a)) {
     // Prefill chunk, official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
     float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);  // [n][H][2] (room: >= 1 chunk)
     const size_t sm = static_cast<size_t>(kTcAttH + kTcAttRows) * kTcAttQLd * 4;

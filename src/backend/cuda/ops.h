@@ -211,6 +211,9 @@ struct AttendArgs {
   const int64_t* dpos = nullptr;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
+// Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
+// kernels (attend_tc.cuh), whose exactness needs q and the KV rows to be BF16 values (official numerics makes them so).
+bool attend_uses_tc(const AttendArgs& a);
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio);
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows);
 

@@ -395,6 +395,29 @@ void run_experts(int n, bool grouped) {
     a.y = dy.p;
     cu::expert_down(a, nullptr);
     cu::moe_reduce(dy.p, nullptr, n, k, d, official, dout.p, nullptr);
+    if (!grouped && n >= 2) {
+      // Token 0 alone (n = 1: the persistent decode kernels, expert_tiles_kernel) gives bit for bit what the
+      // per-(row block, slot) kernels gave it inside the n-token call: same chunk order per lane, same warp sums.
+      cu::ExpertArgs one = a;
+      DBuf<float> act1(static_cast<size_t>(k * I)), y1(static_cast<size_t>(k * d));
+      one.n = 1, one.act = act1.p, one.y = y1.p;
+      cu::expert_gate_up(one, nullptr);
+      cu::expert_down(one, nullptr);  // act_q rows 0..k-1 of the n-token call
+      EXPECT_EQ(0, std::memcmp(act1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up";
+      EXPECT_EQ(0, std::memcmp(y1.get().data(), dy.get().data(), static_cast<size_t>(k * d) * 4)) << "decode down";
+      if (official) {  // ... and with QA8 applied while staging (the official decode path): the same bits again
+        cu::ExpertArgs f1 = one;
+        DBuf<float> fact1(static_cast<size_t>(k * I)), fy1(static_cast<size_t>(k * d));
+        f1.x = dx.p, f1.qa8_x = true, f1.act = fact1.p;
+        ASSERT_TRUE(cu::expert_gate_up_stages_x(f1));
+        cu::expert_gate_up(f1, nullptr);
+        f1.act_q = fact1.p, f1.qa8_act = true, f1.y = fy1.p;
+        ASSERT_TRUE(cu::expert_down_stages_x(f1));
+        cu::expert_down(f1, nullptr);
+        EXPECT_EQ(0, std::memcmp(fact1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up, fused QA8";
+        EXPECT_EQ(0, std::memcmp(fy1.get().data(), dy.get().data(), static_cast<size_t>(k * d) * 4)) << "decode down, fused QA8";
+      }
+    }
     if (official && !grouped) {
       // The single-slot kernels quantizing x and act while staging them (qa8_x / qa8_act, the decode path): bit for
       // bit the QA8 kernels' result.
@@ -444,13 +467,17 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
 // kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible
 // entry at a long context (many chunks, the last ones partly empty for the earlier queries); odd head counts exercise
 // partial head groups.
-void run_attention(int kind, int H, int64_t pos0, int n, int ratio) {
+// bf16_inputs: q and the KV rows are BF16 values, as official numerics make them (the tensor-core prefill path
+// relies on it); prefill-sized n then also compares that path with the split-KV kernels.
+void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_inputs = false) {
   std::mt19937 g(static_cast<unsigned>(3 + kind * 100 + H));
   const int W = 128, K = kind == 1 ? 512 : 0;
   const int64_t D = 512, ncomp = (pos0 + n) / ratio;
   vector<float> q = randn(static_cast<size_t>(n * H * D), g), kv = randn(static_cast<size_t>(n * D), g),
                 ring = randn(static_cast<size_t>(W * D), g), comp = randn(static_cast<size_t>(ncomp * D), g),
                 sink = randn(H, g);
+  if (bf16_inputs)
+    for (vector<float>* v : {&q, &kv, &ring, &comp}) num::round_bf16(v->data(), static_cast<int64_t>(v->size()));
   vector<int32_t> topk(static_cast<size_t>(std::max(1, n * K)), -1);
   for (int i = 0; i < n && kind == 1; ++i) {
     const int64_t vis = (pos0 + i + 1) / ratio;
@@ -495,15 +522,45 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio) {
     a.max_rows = cu::attend_max_rows(W, kind, K, pos0 + n, ratio);
     DBuf<float> scr(static_cast<size_t>(cu::attend_scratch_floats(n, H, D, a.max_rows)));
     a.scratch = scr.p, a.o = dout.p, a.err = derr.p;
+    const bool was_on = cu::prefill_gemm_enabled();
+    cu::set_prefill_gemm(true);  // whatever DSV4_PREFILL_GEMM says: this test is about both paths
     cu::attend(a, nullptr);
+    const bool tc = cu::attend_uses_tc(a);
+    EXPECT_EQ(tc, official && n >= cu::kGemmMinTokens) << "official prefill chunks take the tensor-core kernels";
     const std::string what = std::string("attention ") + std::to_string(H) + "h " + (kind == 1 ? "win+topk" : "win+HCA") +
-                             " n=" + std::to_string(n);
+                             " n=" + std::to_string(n) + (tc ? " (tensor cores)" : "");
     expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
+    if (tc) {
+      // The split-KV kernels on the same inputs: the same function up to fp32 summation order, so only rare BF16
+      // rounding flips (of p or of the output) may differ.
+      DBuf<float> dsplit(ref.size());
+      cu::set_prefill_gemm(false);
+      a.o = dsplit.p;
+      ASSERT_FALSE(cu::attend_uses_tc(a));
+      cu::attend(a, nullptr);
+      const auto got = dout.get(), split = dsplit.get();
+      const Stats st = cmp(got, split);
+      size_t same = 0;
+      for (size_t e = 0; e < got.size(); ++e) same += got[e] == split[e];
+      const double frac_same = static_cast<double>(same) / static_cast<double>(got.size());
+      std::printf("[op] attention tensor cores vs split-KV n=%d: rel L2 %.3g, bit-identical %.2f%%\n", n, st.rel, 100 * frac_same);
+      EXPECT_LE(st.rel, 1e-3);
+      EXPECT_GE(frac_same, 0.98);  // the rest: BF16 rounding flips of p or o (CPU emulation of the kernels: ~0.1 %)
+    }
+    cu::set_prefill_gemm(was_on);
   }
 }
 
 TEST(CudaOps, AttentionWindowPlusTopk) { run_attention(1, 64, 4093, 3, 4); }
+// Prefill chunks in official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
+TEST(CudaOps, AttentionPrefillTensorCores) {
+  run_attention(1, 64, 4093, 24, 4, true);
+  run_attention(2, 64, 128 * 70 - 2, 20, 128, true);
+  run_attention(2, 20, 128 * 40 + 5, 17, 128, true);  // partial head tiles
+  run_attention(2, 64, 0, 40, 128, true);             // a prompt's first chunk: short windows, one partial tile
+  run_attention(1, 64, 3, 24, 4, true);
+}
 TEST(CudaOps, AttentionHcaLongContext) {
   run_attention(2, 64, 128 * 700 - 2, 2, 128);
   run_attention(2, 20, 128 * 40 + 5, 3, 128);
@@ -695,10 +752,10 @@ TEST(CudaOps, MhcPrePost) {
 }
 
 // ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------
-void run_compressor(int m, int64_t c, bool overlap, bool main, bool official) {
-  std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap));
+void run_compressor(int m, int64_t c, bool overlap, bool main, bool official, int windows = 2) {
+  std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap + windows));
   const int64_t W = (overlap ? 2 : 1) * c, R = 64;
-  const int n = 2 * m + 3;
+  const int n = windows * m + 3;
   const int64_t pos0 = 0;
   vector<float> K = randn(static_cast<size_t>(n * W), g), Z = randn(static_cast<size_t>(n * W), g),
                 ape = randn(static_cast<size_t>(m * W), g, 0.1f), nw = randn(c, g, 0.1f), inv(R / 2);
@@ -759,14 +816,52 @@ void run_compressor(int m, int64_t c, bool overlap, bool main, bool official) {
   a.K = dK.p + split * W, a.Z = dZ.p + split * W, a.n = n - split, a.pos0 = split, a.count0 = (split) / m;
   cu::compressor(a, nullptr);
   const std::string what = std::string("compressor ") + (main ? "main" : "indexer") + " m=" + std::to_string(m) +
-                           " c=" + std::to_string(c);
+                           " c=" + std::to_string(c) + " n=" + std::to_string(n);
   expect_close(dcache.get(), ref, official, what.c_str());
+  // The same tokens one at a time (the decode kernel, compressor_kernel) vs the two chunks above (the prefill
+  // kernels, compressor_emit_kernel + compressor_state_kernel): bit-identical entries and final state.
+  DBuf<float> tsK(sK.size()), tsZ(sZ.size()), tcache(ref.size());
+  cu::fill_f32(tsZ.p, static_cast<int64_t>(sZ.size()), -INFINITY, nullptr);
+  cu::CompressorArgs b = a;
+  b.sK = tsK.p, b.sZ = tsZ.p, b.cache = tcache.p, b.n = 1;
+  for (int i = 0; i < n; ++i) {
+    b.K = dK.p + i * W, b.Z = dZ.p + i * W, b.pos0 = i, b.count0 = i / m;
+    cu::compressor(b, nullptr);
+  }
+  const auto tok_cache = tcache.get(), tok_K = tsK.get(), tok_Z = tsZ.get();
+  EXPECT_EQ(0, std::memcmp(tok_cache.data(), dcache.get().data(), ref.size() * 4)) << what << ": chunked vs token by token";
+  EXPECT_EQ(0, std::memcmp(tok_K.data(), dsK.get().data(), sK.size() * 4)) << what << ": state K";
+  EXPECT_EQ(0, std::memcmp(tok_Z.data(), dsZ.get().data(), sZ.size() * 4)) << what << ": state Z";
+  // Other chunkings: chunks starting on window boundaries with pos0 > 0 (the usual prefill), chunks that emit nothing
+  // (n < m), and several entries per chunk; each must leave the token-by-token entries and final state.
+  for (const vector<int>& sizes : {vector<int>{m, m, 2 * m + 1}, vector<int>{std::max(2, m / 3), 3, 2 * m + 1, m},
+                                   vector<int>{2, 3 * m, 5}}) {
+    DBuf<float> csK(sK.size()), csZ(sZ.size()), ccache(ref.size());
+    cu::fill_f32(csZ.p, static_cast<int64_t>(sZ.size()), -INFINITY, nullptr);
+    cu::CompressorArgs c2 = a;
+    c2.sK = csK.p, c2.sZ = csZ.p, c2.cache = ccache.p;
+    int p0 = 0;
+    for (size_t ci = 0; p0 < n; ++ci) {
+      const int len = std::min(n - p0, sizes[ci % sizes.size()]);
+      c2.K = dK.p + p0 * W, c2.Z = dZ.p + p0 * W, c2.n = len, c2.pos0 = p0, c2.count0 = p0 / m;
+      cu::compressor(c2, nullptr);
+      p0 += len;
+    }
+    std::string chunks;
+    for (int v : sizes) chunks += std::to_string(v) + ",";
+    EXPECT_EQ(0, std::memcmp(ccache.get().data(), tok_cache.data(), ref.size() * 4)) << what << ": chunks " << chunks;
+    EXPECT_EQ(0, std::memcmp(csK.get().data(), tok_K.data(), sK.size() * 4)) << what << ": state K, chunks " << chunks;
+    EXPECT_EQ(0, std::memcmp(csZ.get().data(), tok_Z.data(), sZ.size() * 4)) << what << ": state Z, chunks " << chunks;
+  }
 }
 TEST(CudaOps, Compressors) {
   for (bool off : {false, true}) {
     run_compressor(4, 512, true, true, off);
     run_compressor(128, 512, false, true, off);
     run_compressor(4, 128, true, false, off);
+    run_compressor(4, 512, true, true, off, 9);   // several entries per chunk (prefill kernels)
+    run_compressor(4, 128, true, false, off, 9);
+    run_compressor(128, 512, false, true, off, 5);  // HCA: several entries per chunk, chunks that emit none
   }
 }
 

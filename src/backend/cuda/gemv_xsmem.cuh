@@ -312,3 +312,106 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_tiles_kernel(WRow W, int64_t o
     if ((s + 1) % ks == ks - 1) flush(rowb);
   }
 }
+
+// Decode (one token) routed experts as one persistent pass per matrix kind, like gemv_xs_tiles_kernel: 2 blocks per
+// SM whose warps walk (slot, row tile) steps over all k selected experts with the next step's weights in flight.
+// The per-(row block, slot) kernels above ran 768 blocks for gate/up (~3 waves of 2 per SM), each paying the
+// activation staging and a DRAM round trip before its first FMA. Here each block stages once: the token's row
+// (gate/up; shared by every slot) or all k act rows (down), QA8 applied on the way when asked.
+// GATE_UP: tile = intermediate rows r, r + 1 of slot j (4 weight rows: w1 r, w3 r, w1 r+1, w3 r+1); epilogue SwiGLU.
+// down: tile = 4 output rows of slot j.
+constexpr int kTilesMaxK = 16;
+template <int F, bool GATE_UP>
+__global__ void __launch_bounds__(256, 2) expert_tiles_kernel(ExpertArgs a, int blk) {
+  pdl_wait();
+  constexpr int R = 4, U = 1, CW = Chunk<F>::CW;
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  __shared__ DevExpert ex[kTilesMaxK];
+  const int lane = threadIdx.x & 31, k = a.k;
+  if (threadIdx.x < k) ex[threadIdx.x] = a.table[a.sel[threadIdx.x]];  // one token: slots 0..k-1
+  __syncthreads();
+  const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
+  const int64_t per_slot = GATE_UP ? (a.I + 1) / 2 : (a.d + R - 1) / R, ntiles = per_slot * k;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5), nw = static_cast<int64_t>(gridDim.x) * 8;
+  const int64_t nch = K / CW, ks = (nch + 32 * U - 1) / (32 * U);
+  const int64_t steps = gw < ntiles ? ((ntiles - gw + nw - 1) / nw) * ks : 0;
+  struct Step {
+    const uint8_t* wp[R];
+    const void* sp[R];
+    float gs[R];
+    const float* xsj;
+    int64_t tile, c0;
+  };
+  auto at = [&](int64_t s, Step& st) {
+    st.tile = gw + (s / ks) * nw;
+    st.c0 = (s % ks) * 32 * U + lane;
+    const int j = static_cast<int>(st.tile / per_slot);
+    const int64_t rt = st.tile % per_slot;
+    const DevExpert& E = ex[j];
+    if (GATE_UP) {
+      const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int64_t r = min(2 * rt + jj, rows - 1), rb = r * row_bytes<F>(a.d);
+        st.wp[2 * jj] = static_cast<const uint8_t*>(E.w1) + rb, st.wp[2 * jj + 1] = static_cast<const uint8_t*>(E.w3) + rb;
+        st.sp[2 * jj] = scale_row<F>(W1, r), st.sp[2 * jj + 1] = scale_row<F>(W3, r);
+        st.gs[2 * jj] = E.g1, st.gs[2 * jj + 1] = E.g3;
+      }
+      st.xsj = xs;
+    } else {
+      const WRow W2{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t rr = min(rt * R + r, rows - 1);
+        st.wp[r] = static_cast<const uint8_t*>(E.w2) + rr * row_bytes<F>(a.I);
+        st.sp[r] = scale_row<F>(W2, rr);
+        st.gs[r] = E.g2;
+      }
+      st.xsj = xs + static_cast<int64_t>(j) * a.I;
+    }
+  };
+  float acc[R] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto flush = [&](int64_t tile) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0) {
+      const int j = static_cast<int>(tile / per_slot);
+      const int64_t rt = tile % per_slot;
+      if (GATE_UP) {
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int64_t r = 2 * rt + jj;
+          if (r >= rows) continue;
+          float g = acc[2 * jj], u = acc[2 * jj + 1];
+          if (a.official) g = bf16r(g), u = bf16r(u);
+          a.act[static_cast<int64_t>(j) * a.I + r] = swiglu1(g, u, a.limit, a.wts ? a.wts[j] : 1.0f, a.official);
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (rt * R + r < rows) a.y[static_cast<int64_t>(j) * a.d + rt * R + r] = a.official ? bf16r(acc[r]) : acc[r];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  };
+  RowPipe<F, R, U> pa, pb;
+  Step sa, sb;
+  if (steps > 0) at(0, sa), pa.load(sa.wp, sa.sp, blk, sa.c0, nch);
+  if (GATE_UP) {
+    stage_x<F>(a.x, a.d, xs, a.qa8_x);
+  } else {
+    for (int j = 0; j < k; ++j) stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
+  }
+  __syncthreads();
+  for (int64_t s = 0; s < steps; s += 2) {
+    if (s + 1 < steps) at(s + 1, sb), pb.load(sb.wp, sb.sp, blk, sb.c0, nch);
+    pa.dot(sa.xsj, sa.gs, blk, sa.c0, nch, acc);
+    if (s % ks == ks - 1) flush(sa.tile);
+    if (s + 1 >= steps) break;
+    if (s + 2 < steps) at(s + 2, sa), pa.load(sa.wp, sa.sp, blk, sa.c0, nch);
+    pb.dot(sb.xsj, sb.gs, blk, sb.c0, nch, acc);
+    if ((s + 1) % ks == ks - 1) flush(sb.tile);
+  }
+}

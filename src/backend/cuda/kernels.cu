@@ -511,9 +511,51 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Compressor: ONE block walks the chunk's tokens in order (the state update is sequential by definition); thread j
-// owns state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the
-// emitted entry is finished block-wide (norm, RoPE, quantization simulation).
+// The compressor's pooling of one emitted entry, column j: softmax over the ns window rows of Z (max first, sums in
+// double) weighting K. get(s, z, kv) yields window row s (s < m: the previous window in overlap mode).
+template <typename Get>
+__device__ __forceinline__ float comp_pool(int ns, Get get) {
+  float zmax = -INFINITY;
+  for (int s = 0; s < ns; ++s) {
+    float z, kv;
+    get(s, z, kv);
+    zmax = fmaxf(zmax, z);
+  }
+  double den = 0.0, num = 0.0;
+  for (int s = 0; s < ns; ++s) {
+    float z, kv;
+    get(s, z, kv);
+    const double e = z == -INFINITY ? 0.0 : exp(static_cast<double>(z - zmax));
+    den += e;
+    num += e * kv;
+  }
+  return static_cast<float>(num / den);
+}
+
+// An emitted entry (pooled in `entry`, all c columns) finished and stored: [official] BF16, RMSNorm, RoPE at the
+// window's first position, then SIM8 of the nope dims (main) or Hadamard + SIM4 (indexer).
+__device__ __forceinline__ void comp_finish(const CompressorArgs& a, float* entry, double* red, int64_t t, float* dst) {
+  const int m = a.ratio, c = static_cast<int>(a.width), R = static_cast<int>(a.rope_dim);
+  if (a.official) block_round_bf16(entry, c);
+  block_rms(entry, c, a.norm_w, a.eps, red);
+  if (a.official) block_round_bf16(entry, c);
+  block_rope(entry + (c - R), a.inv_freq, R / 2, (t / m) * m, false);
+  if (a.official) {
+    block_round_bf16(entry + (c - R), R);
+    if (a.main) {
+      block_fake_quant(entry, c - R, 64, 8);
+    } else {
+      block_hadamard(entry, c);
+      block_round_bf16(entry, c);
+      block_fake_quant(entry, c, 32, 4);
+    }
+  }
+  for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = entry[j];
+}
+
+// Token-by-token compressor (decode steps, graph mode): ONE block walks the chunk's tokens in order; thread j owns
+// state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the emitted
+// entry is finished block-wide (norm, RoPE, quantization simulation).
 __global__ void compressor_kernel(CompressorArgs a) {
   pdl_wait();
   extern __shared__ float entry[];
@@ -537,21 +579,10 @@ __global__ void compressor_kernel(CompressorArgs a) {
     }
     if ((t + 1) % m != 0) continue;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
-      const int ns = a.overlap ? 2 * m : m;
-      float zmax = -INFINITY;
-      for (int s = 0; s < ns; ++s) {
-        const float z = s < m ? a.sZ[s * W + j] : a.sZ[s * W + c + j];
-        zmax = fmaxf(zmax, z);
-      }
-      double den = 0.0, num = 0.0;
-      for (int s = 0; s < ns; ++s) {
-        const float z = s < m ? a.sZ[s * W + j] : a.sZ[s * W + c + j];
-        const float kv = s < m ? a.sK[s * W + j] : a.sK[s * W + c + j];
-        const double e = z == -INFINITY ? 0.0 : exp(static_cast<double>(z - zmax));
-        den += e;
-        num += e * kv;
-      }
-      entry[j] = static_cast<float>(num / den);
+      entry[j] = comp_pool(a.overlap ? 2 * m : m, [&](int s, float& z, float& kv) {
+        const int64_t x = s < m ? s * W + j : s * W + c + j;
+        z = a.sZ[x], kv = a.sK[x];
+      });
       if (a.overlap)  // this window becomes the previous one (own columns only)
         for (int s = 0; s < m; ++s)
           for (int h = 0; h < 2; ++h) {
@@ -560,25 +591,73 @@ __global__ void compressor_kernel(CompressorArgs a) {
           }
     }
     __syncthreads();
-    const int R = static_cast<int>(a.rope_dim);
-    if (a.official) block_round_bf16(entry, c);
-    block_rms(entry, c, a.norm_w, a.eps, red);
-    if (a.official) block_round_bf16(entry, c);
-    block_rope(entry + (c - R), a.inv_freq, R / 2, (t / m) * m, false);
-    if (a.official) {
-      block_round_bf16(entry + (c - R), R);
-      if (a.main) {
-        block_fake_quant(entry, c - R, 64, 8);
-      } else {
-        block_hadamard(entry, c);
-        block_round_bf16(entry, c);
-        block_fake_quant(entry, c, 32, 4);
-      }
-    }
-    float* dst = a.cache + (count0 + emitted) * c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] = entry[j];
+    comp_finish(a, entry, red, t, a.cache + (count0 + emitted) * c);
     ++emitted;
     __syncthreads();
+  }
+}
+
+// Prefill: every entry the chunk emits is independent of the others (it pools a fixed window of positions), so each
+// gets its own block; the positions come from the chunk's K/Z or, before pos0, from the state as the chunk found it.
+// Same arithmetic as compressor_kernel (comp_pool, comp_finish): bit-identical entries. The state is brought to the
+// chunk's end afterwards (compressor_state_kernel).
+//   Position p's value for column col: p >= pos0 -> K/Z of the chunk (+ ape); else the state row holding it: the
+//   current window (starting W0 = pos0 - pos0 % m) at rows [m, 2m) in overlap mode, [0, m) otherwise; the window
+//   before it (overlap) at rows [0, m).
+__device__ __forceinline__ void comp_value(const CompressorArgs& a, int64_t p, int col, float& z, float& kv) {
+  const int m = a.ratio, W = static_cast<int>(a.overlap ? 2 * a.width : a.width);
+  if (p >= a.pos0) {
+    const int64_t i = p - a.pos0;
+    kv = a.K[i * W + col];
+    z = a.Z[i * W + col] + a.ape[(p % m) * W + col];
+    return;
+  }
+  const int64_t W0 = a.pos0 / m * m;
+  const int64_t row = !a.overlap ? p - W0 : (p >= W0 ? m + (p - W0) : p - (W0 - m));
+  kv = a.sK[row * W + col];
+  z = a.sZ[row * W + col];
+}
+
+__global__ void compressor_emit_kernel(CompressorArgs a) {
+  pdl_wait();
+  extern __shared__ float entry[];
+  __shared__ double red[32];
+  const int m = a.ratio, c = static_cast<int>(a.width);
+  const int64_t t = a.pos0 / m * m + m - 1 + static_cast<int64_t>(blockIdx.x) * m;  // this entry's last position
+  const int64_t w = t - m + 1;                                                      // its window's first position
+  for (int j = threadIdx.x; j < c; j += blockDim.x)
+    entry[j] = comp_pool(a.overlap ? 2 * m : m, [&](int s, float& z, float& kv) {
+      if (s < m) comp_value(a, a.overlap ? w - m + s : w + s, j, z, kv);
+      else comp_value(a, w + s - m, c + j, z, kv);
+    });
+  __syncthreads();
+  comp_finish(a, entry, red, t, a.cache + (a.count0 + blockIdx.x) * c);
+}
+
+// The state after the chunk, one thread per column, as compressor_kernel would leave it: row (overlap ? m : 0) + r
+// holds the last position <= end - 1 with residue r (unchanged if the chunk has none); in overlap mode rows [0, m)
+// hold the window of the chunk's last emitted entry (unchanged if it emitted none). Each thread reads a state row
+// before it overwrites it (rows [0, m) may come from the old rows [m, 2m)).
+__global__ void compressor_state_kernel(CompressorArgs a) {
+  pdl_wait();
+  const int m = a.ratio, W = static_cast<int>(a.overlap ? 2 * a.width : a.width);
+  const int col = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (col >= W) return;
+  const int64_t end = a.pos0 + a.n, last_t = end / m * m - 1;  // the last emitted entry's last position
+  const bool emitted = last_t >= a.pos0;
+  const int base = a.overlap ? m : 0;
+  for (int r = 0; r < m; ++r) {
+    if (a.overlap && emitted) {
+      float z, kv;
+      comp_value(a, last_t - m + 1 + r, col, z, kv);
+      a.sK[r * W + col] = kv, a.sZ[r * W + col] = z;
+    }
+    if (end - 1 < r) continue;
+    const int64_t p = r + (end - 1 - r) / m * m;  // the last position with residue r
+    if (p < a.pos0) continue;
+    float z, kv;
+    comp_value(a, p, col, z, kv);
+    a.sK[(base + r) * W + col] = kv, a.sZ[(base + r) * W + col] = z;
   }
 }
 
@@ -1463,8 +1542,10 @@ unsigned grid_1d(int64_t total) {
   return static_cast<unsigned>(b < 1 ? 1 : b);
 }
 
+// The dynamic shared-memory opt-in, set for every size: a kernel's static shared memory counts against the same 48 KB
+// default, so a dynamic size just under 48 KB plus a static table fails to launch without it.
 void set_smem(const void* fn, size_t bytes) {
-  if (bytes > 48 * 1024) DSV4_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  if (bytes > 0) DSV4_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
@@ -1485,6 +1566,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_xsmem.cuh"
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/bf16_split.cuh"
+#include "backend/cuda/attend_tc.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -1783,7 +1865,18 @@ void compressor(const CompressorArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.width > 1024 || a.width % 32 != 0) fail("compressor: width ", a.width, " must be a multiple of 32 and <= 1024");
   const size_t sm = static_cast<size_t>(a.width) * 4;
-  launch(compressor_kernel, 1, static_cast<unsigned>(a.width), sm, s, a);
+  if (a.dpos || a.n < 2) {  // decode (graph mode reads the position on the device)
+    launch(compressor_kernel, 1, static_cast<unsigned>(a.width), sm, s, a);
+    DSV4_LAUNCHED();
+    return;
+  }
+  const int64_t emits = (a.pos0 + a.n) / a.ratio - a.pos0 / a.ratio;
+  if (emits > 0) {
+    launch(compressor_emit_kernel, static_cast<unsigned>(emits), static_cast<unsigned>(a.width), sm, s, a);
+    DSV4_LAUNCHED();
+  }
+  const int64_t W = (a.overlap ? 2 : 1) * a.width;
+  launch(compressor_state_kernel, blocks_for(W, 256), 256, 0, s, a);
   DSV4_LAUNCHED();
 }
 
@@ -1832,16 +1925,31 @@ int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
   return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.bound * H * (2 + D) + 8;  // + alignment
 }
 
+bool attend_uses_tc(const AttendArgs& a) {
+  return a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled();
+}
+
 void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
+  auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
+  if (attend_uses_tc(a)) {
+    // Prefill chunk, official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
+    float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);  // [n][H][2] (room: >= 1 chunk)
+    const size_t sm = static_cast<size_t>(kTcAttH + kTcAttRows) * kTcAttQLd * 4;
+    allow_smem(attend_tc_scores, sm);
+    launch(attend_tc_scores, static_cast<unsigned>(a.n), 256, sm, s, a, stats);
+    DSV4_LAUNCHED();
+    launch(attend_tc_pv, dim3(static_cast<unsigned>(a.n), kTcAttD / kTcAttDv), 256, 0, s, a, static_cast<const float*>(stats));
+    DSV4_LAUNCHED();
+    return;
+  }
   const AttSplit sp = att_split(a.n, a.H, a.max_rows);
   // Graph mode launches the most chunks any position up to the capacity can need; the kernels recompute the actual
   // chunking, so the extra chunks are empty (max -inf, zero partials) and change no sum.
   const int nchunks = a.dpos ? sp.bound : sp.nchunks;
-  auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
   float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
   float* part = stats + up4(static_cast<int64_t>(a.n) * nchunks * a.H * 2);
   const dim3 grid(nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
@@ -1941,6 +2049,19 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
+  if (a.n == 1 && a.k <= kTilesMaxK && use_xs(a.d)) {  // decode: one persistent pass over all k experts
+    const size_t sm = static_cast<size_t>(a.d) * 4;
+    const dim3 grid(static_cast<unsigned>(2 * sm_count()));
+    switch (fmt_of(a.fmt)) {
+      case kF32: allow_smem(expert_tiles_kernel<kF32, true>, sm), launch(expert_tiles_kernel<kF32, true>, grid, 256, sm, s, a, blk); break;
+      case kBF16: allow_smem(expert_tiles_kernel<kBF16, true>, sm), launch(expert_tiles_kernel<kBF16, true>, grid, 256, sm, s, a, blk); break;
+      case kF16: allow_smem(expert_tiles_kernel<kF16, true>, sm), launch(expert_tiles_kernel<kF16, true>, grid, 256, sm, s, a, blk); break;
+      case kFP8: allow_smem(expert_tiles_kernel<kFP8, true>, sm), launch(expert_tiles_kernel<kFP8, true>, grid, 256, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_tiles_kernel<kFP4, true>, sm), launch(expert_tiles_kernel<kFP4, true>, grid, 256, sm, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
   if (use_xs(a.d)) {
     const size_t sm = static_cast<size_t>(a.d) * 4;
     const dim3 grid(blocks_for(a.I, 16), a.n * a.k);
@@ -2000,6 +2121,19 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
       case kF16: launch(expert_down_kernel<kF16>, grid, 256, 0, s, a, blk); break;
       case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (a.n == 1 && a.k <= kTilesMaxK && use_xs(static_cast<int64_t>(a.k) * a.I)) {  // decode: all k act rows staged
+    const size_t sm = static_cast<size_t>(a.k) * a.I * 4;
+    const dim3 grid(static_cast<unsigned>(2 * sm_count()));
+    switch (fmt_of(a.fmt)) {
+      case kF32: allow_smem(expert_tiles_kernel<kF32, false>, sm), launch(expert_tiles_kernel<kF32, false>, grid, 256, sm, s, a, blk); break;
+      case kBF16: allow_smem(expert_tiles_kernel<kBF16, false>, sm), launch(expert_tiles_kernel<kBF16, false>, grid, 256, sm, s, a, blk); break;
+      case kF16: allow_smem(expert_tiles_kernel<kF16, false>, sm), launch(expert_tiles_kernel<kF16, false>, grid, 256, sm, s, a, blk); break;
+      case kFP8: allow_smem(expert_tiles_kernel<kFP8, false>, sm), launch(expert_tiles_kernel<kFP8, false>, grid, 256, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_tiles_kernel<kFP4, false>, sm), launch(expert_tiles_kernel<kFP4, false>, grid, 256, sm, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;

@@ -67,7 +67,8 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // the GEMV path for any n (tests compare)
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a);         // linear() runs a kernel that stages x (qa8_x ok)
 constexpr int kGemmMinTokens = 16;
-// The prefill GEMM paths (this dense GEMM and the grouped expert kernels) on or off, process-wide; default on,
+// The prefill GEMM paths (this dense GEMM, the grouped expert kernels, the tensor-core prefill attention) on or
+// off, process-wide; default on,
 // DSV4_PREFILL_GEMM=0 in the environment turns them off. Off, prefill runs the decode kernels (GEMV, per-slot experts),
 // whose per-row summation order equals decode's: for A/B timing and for tests that need decode and prefill to agree
 // bit for bit where official numerics amplify last-bit differences.
@@ -210,6 +211,9 @@ struct AttendArgs {
   const int64_t* dpos = nullptr;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
+// Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
+// kernels (attend_tc.cuh), whose exactness needs q and the KV rows to be BF16 values (official numerics makes them so).
+bool attend_uses_tc(const AttendArgs& a);
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio);
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows);
 

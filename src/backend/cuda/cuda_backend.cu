@@ -771,6 +771,11 @@ class CudaBackend final : public Backend {
   // TP, after the NCCL group of attn_out()/moe(): the work TP1 does after the sum (BF16 rounding of wo_b's output;
   // per-expert rounding and the expert reduction).
   void finish_collective() {
+    if (peer_pending_.buf) {  // the deferred peer all-reduce (all_reduce), now that every rank has issued its op
+      cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), peer_pending_.buf,
+                            peer_pending_.count, s_);
+      peer_pending_ = PeerPending{};
+    }
     const Pending p = pending_;
     pending_ = Pending{};
     const int64_t d = c_.hidden;
@@ -918,7 +923,7 @@ class CudaBackend final : public Backend {
   // TP: an op that ends with a collective may only start once the previous one was finished (finish_collective /
   // gather_logits after its NCCL group); otherwise its post-collective work would be silently dropped.
   void no_collective_pending() const {
-    if (pending_.kind != Pending::None || gathered_)
+    if (pending_.kind != Pending::None || gathered_ || peer_pending_.buf)
       fail("CUDA backend rank ", rank_, ": a collective op started before the previous one was finished");
   }
 #if DSV4_HAVE_NCCL
@@ -934,7 +939,11 @@ class CudaBackend final : public Backend {
     if (opts_.peer_reduce) {  // decode-sized: one peer-to-peer kernel (the choice depends on count only: same on every rank)
       const auto& p = *static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce);
       if (count <= p.cap && count % 4 == 0) {
-        cuda::peer_all_reduce(p, buf, count, s_);
+        // Deferred to finish_collective, which the TP backend calls once every rank has issued its op: launched now,
+        // this rank's kernel would already wait for peers whose op may still throw on the host, and a peer that
+        // never comes leaves it spinning into its 20 s trap (a sticky error on this GPU). NCCL defers the same way
+        // (the group).
+        peer_pending_ = PeerPending{buf, count};
         return;
       }
     }
@@ -1080,6 +1089,7 @@ class CudaBackend final : public Backend {
         DSV4_CU(cudaFree(b.first));
       }
       b.first = nullptr;
+      b.second = 0;  // an out-of-memory throw below must not leave a size without a buffer
       DSV4_CU(cudaMalloc(&b.first, std::max<size_t>(bytes, 16)));
       b.second = bytes;
     }
@@ -1143,6 +1153,10 @@ class CudaBackend final : public Backend {
   int tp_ = 1, rank_ = 0;
   uint64_t weight_bytes_ = 0;
   float* gathered_ = nullptr;  // TP head: the all-gathered logits slices awaiting gather_logits
+  struct PeerPending {          // TP: the peer all-reduce all_reduce() deferred to finish_collective
+    float* buf = nullptr;
+    size_t count = 0;
+  } peer_pending_;
   struct Pending {              // TP: what finish_collective still has to do after the group's all-reduce
     enum Kind { None, Round, MoeReduce } kind = None;
     float* out = nullptr;

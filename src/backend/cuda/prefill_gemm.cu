@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "backend/cuda/ops.h"
 #include "core/error.h"
@@ -37,7 +38,9 @@ namespace {
 
 constexpr int64_t kMaxStagedWeights = int64_t(64) << 20;  // BF16 elements of W' per pass (128 MB)
 
-// Per device: the cuBLASLt handle, a workspace, the BF16 staging buffers and the chosen algorithm per shape.
+// Per (device, stream): the cuBLASLt handle, a workspace, the BF16 staging buffers and the chosen algorithm per shape.
+// Per stream, not per device: two backends on one GPU (each has its own stream) must not reuse each other's staging
+// buffers while the other's GEMM may still read them.
 struct LtContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
@@ -49,13 +52,13 @@ struct LtContext {
   std::map<std::tuple<int64_t, int64_t, int, int64_t, uint32_t>, cublasLtMatmulAlgo_t> algos;  // rows, K', n, ldy, align
 };
 
-LtContext& context() {
+LtContext& context(cudaStream_t s) {
   static std::mutex mu;
-  static std::map<int, LtContext> ctx;
+  static std::map<std::pair<int, cudaStream_t>, LtContext> ctx;
   int dev = 0;
   DSV4_CU(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  LtContext& c = ctx[dev];
+  LtContext& c = ctx[{dev, s}];
   if (!c.handle) {
     DSV4_LT(cublasLtCreate(&c.handle));
     DSV4_CU(cudaMalloc(&c.workspace, c.workspace_bytes));
@@ -75,6 +78,7 @@ void* grow(void*& p, size_t& have, size_t bytes) {
   if (have < bytes) {
     if (p) DSV4_CU(cudaFree(p));  // synchronises the device: the previous GEMM is done with it
     p = nullptr;
+    have = 0;  // an out-of-memory throw below must not leave a size without a buffer
     DSV4_CU(cudaMalloc(&p, bytes));
     have = bytes;
   }
@@ -82,6 +86,7 @@ void* grow(void*& p, size_t& have, size_t bytes) {
 }
 
 // D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').
+// A and B are always the 256-byte-aligned staging buffers, so only D's alignment enters the algorithm key.
 void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, const void* x, float* d, int64_t ldd,
                cudaStream_t s) {
   cublasLtMatmulDesc_t op = nullptr;
@@ -139,7 +144,7 @@ bool prefill_gemm_enabled() {
 }
 
 bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a) {
-  if (!prefill_gemm_enabled() || a.n < kGemmMinTokens || !dequant_bf16_ok(W) || a.ldy % 4 != 0) return false;
+  if (!prefill_gemm_enabled() || a.qa8_x || a.n < kGemmMinTokens || !dequant_bf16_ok(W) || a.ldy % 4 != 0) return false;
   if (a.group_rows == 0) return a.ldy >= W.out;
   return W.out % a.group_rows == 0 && a.group_rows % 4 == 0 && a.ldy >= W.out;
 }
@@ -149,7 +154,7 @@ bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   DSV4_CU(cudaStreamIsCapturing(s, &cap));
   if (cap != cudaStreamCaptureStatusNone) return false;  // staging buffers may grow (cudaMalloc): eager only
-  LtContext& c = context();
+  LtContext& c = context(s);
   const int tw = bf16_terms(W.fmt), tx = a.x_is_qa8 ? 1 : 3;
   const int64_t K = W.in, kp = K * tw * tx;
   const int64_t gr = a.group_rows ? a.group_rows : W.out, groups = W.out / gr;

@@ -144,6 +144,8 @@ class TpBackend final : public Backend {
   // Back-to-back all-reduces of `floats` values on every rank (own buffers and streams), timed as a whole, through
   // the path the ranks use for that size.
   double allreduce_us(size_t floats, int reps) {
+    if (aborted_) fail("tensor-parallel backend: unusable after an earlier error aborted its NCCL communicators");
+    synchronize();  // the peer kernels' epoch counters and areas are shared with the ranks' own streams
     const size_t n = ranks_.size();
     std::vector<float*> buf(n);
     std::vector<cudaStream_t> st(n);

@@ -3,8 +3,7 @@
 //
 // Limits (unreachable with real activations and weights; a reviewer checked all 2^32 fp32 values on the host):
 // |v| >= 0x7F7F8000 (about 3.39e38, the top 2^-9 of the fp32 range) rounds to a BF16 infinity and the terms become
-// inf/NaN; below 2^-110, bits under BF16's
-// smallest subnormal are lost (absolute error < 2^-134).
+// inf/NaN; below 2^-110, bits under BF16's smallest subnormal are lost (absolute error < 2^-134).
 // Why terms: the GEMM must give the CPU reference's fp32 result, not a BF16 approximation of it. A value v is split
 // as v = b1 + b2 + b3 with b1 = bf16(v), b2 = bf16(v - b1), b3 = bf16(v - b1 - b2): each subtraction is exact in
 // fp32 and three terms carry all 24 significand bits, so sum_k x_k w_k = sum_{i,j} sum_k xi_k wj_k exactly, every

@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -326,6 +329,9 @@ class CudaBackend final : public Backend {
       fail("CUDA backend: bad tensor-parallel rank ", rank_, " of ", tp_);
     DSV4_CU(cudaSetDevice(o.device));
     DSV4_CU(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    DSV4_CU(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    DSV4_CU(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
@@ -336,6 +342,9 @@ class CudaBackend final : public Backend {
     for (auto& e : eager_prof_) cudaEventDestroy(e.begin), cudaEventDestroy(e.end);
     for (auto& b : scratch_) cudaFree(b.first);
     for (auto& b : iscratch_) cudaFree(b.first);
+    if (fork_ev_) cudaEventDestroy(fork_ev_);
+    if (join_ev_) cudaEventDestroy(join_ev_);
+    if (side_) cudaStreamDestroy(side_);
     if (s_) cudaStreamDestroy(s_);
   }
   const char* name() const override { return "cuda"; }
@@ -693,7 +702,7 @@ class CudaBackend final : public Backend {
     const bool lowp = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
     // One QA8 of x serves the routed experts and the shared expert.
     const float* xq8 = nullptr;
-    auto qa8_x = [&]() {
+    std::function<const float*()> qa8_x = [&]() {
       if (!xq8) {
         float* q = scratch(16, static_cast<size_t>(n) * d);
         cuda::qa8_rows(x, n, d, q, s_);
@@ -701,6 +710,30 @@ class CudaBackend final : public Backend {
       }
       return xq8;
     };
+    // TP: the k expert outputs and the shared expert's sit in one buffer [n, k + 1, d] so that one all-reduce sums
+    // all their partials before the per-expert BF16 rounding TP1 applies (finish_collective).
+    float* ybuf = scratch(19, static_cast<size_t>(n) * (k + 1) * d);
+    // Decode: the shared expert (3 dependent kernels) runs on a second stream beside the router and the routed
+    // experts — in a captured step, a parallel branch of the graph — so its launch/ramp latencies overlap theirs.
+    // It reads only x (quantized inside its GEMVs at n == 1) and writes its own buffers; joined before the reduction.
+    // DSV4_MOE_FORK=0: one stream (A/B).
+    const bool fork = L.has_shared && n == 1 && L.sw13.w && moe_fork_enabled();
+    float* ys = nullptr;
+    if (fork) {
+      DSV4_CU(cudaEventRecord(fork_ev_, s_));
+      DSV4_CU(cudaStreamWaitEvent(side_, fork_ev_, 0));
+      std::swap(s_, side_);  // the shared expert's kernels go to the side stream
+      try {
+        ys = shared_expert(L, x, n, ybuf, qa8_x);
+      } catch (...) {
+        std::swap(s_, side_);
+        throw;
+      }
+      DSV4_CU(cudaEventRecord(join_ev_, s_));
+      std::swap(s_, side_);
+    } else if (L.has_shared) {
+      ys = shared_expert(L, x, n, ybuf, qa8_x);
+    }
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
     a.x = x, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
@@ -730,15 +763,29 @@ class CudaBackend final : public Backend {
       }
     }
     if (tp_ > 1) no_collective_pending();
-    // TP: the k expert outputs and the shared expert's sit in one buffer [n, k + 1, d] so that one all-reduce sums
-    // all their partials before the per-expert BF16 rounding TP1 applies (finish_collective).
-    float* ybuf = scratch(19, static_cast<size_t>(n) * (k + 1) * d);
     a.y = ybuf;
     a.official = official_ && tp_ == 1;
     cuda::expert_down(a, s_);
     a.official = official_;
+    if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done
+    if (tp_ == 1) {
+      cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+      return;
+    }
+    if (!ys) {  // no shared expert: its slot holds zeros
+      ys = ybuf + static_cast<size_t>(n) * k * d;
+      cuda::fill_f32(ys, static_cast<int64_t>(n) * d, 0.0f, s_);
+    }
+    all_reduce(ybuf, static_cast<size_t>(n) * (k + 1) * d);  // the collective ends the op
+    pending_ = Pending{Pending::MoeReduce, out, ybuf, n};
+  }
+
+  // The shared expert of moe(): ys = w2 SwiGLU(w1 x, w3 x) on the backend's current stream s_.
+  float* shared_expert(const DevLayer& L, const float* x, int n, float* ybuf, const std::function<const float*()>& qa8_x) {
+    const int k = c_.n_experts_per_tok;
+    const int64_t d = c_.hidden;
     float* ys = nullptr;
-    if (L.has_shared) {
+    {
       const int64_t Is = L.sw1.out;
       auto input_for = [&](const DevLinear& W) { return official_ && W.low_precision() ? qa8_x() : x; };
       float *g, *u;
@@ -756,16 +803,7 @@ class CudaBackend final : public Backend {
       ys = tp_ == 1 ? scratch(22, static_cast<size_t>(n) * d) : ybuf + static_cast<size_t>(n) * k * d;
       lin(L.sw2, g, n, ys, tp_ == 1);
     }
-    if (tp_ == 1) {
-      cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
-      return;
-    }
-    if (!ys) {  // no shared expert: its slot holds zeros
-      ys = ybuf + static_cast<size_t>(n) * k * d;
-      cuda::fill_f32(ys, static_cast<int64_t>(n) * d, 0.0f, s_);
-    }
-    all_reduce(ybuf, static_cast<size_t>(n) * (k + 1) * d);  // the collective ends the op
-    pending_ = Pending{Pending::MoeReduce, out, ybuf, n};
+    return ys;
   }
 
   // TP, after the NCCL group of attn_out()/moe(): the work TP1 does after the sum (BF16 rounding of wo_b's output;
@@ -1152,6 +1190,15 @@ class CudaBackend final : public Backend {
  private:
   int tp_ = 1, rank_ = 0;
   uint64_t weight_bytes_ = 0;
+  cudaStream_t side_ = nullptr;  // moe(): the shared expert's branch (decode)
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  static bool moe_fork_enabled() {
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_MOE_FORK");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
   float* gathered_ = nullptr;  // TP head: the all-gathered logits slices awaiting gather_logits
   struct PeerPending {          // TP: the peer all-reduce all_reduce() deferred to finish_collective
     float* buf = nullptr;

@@ -770,12 +770,16 @@ class CudaBackend final : public Backend {
 
   // TP, after the NCCL group of attn_out()/moe(): the work TP1 does after the sum (BF16 rounding of wo_b's output;
   // per-expert rounding and the expert reduction).
+  // TP: the peer all-reduce all_reduce() deferred, once every rank has issued its op (the TP backend launches every
+  // rank's before any rank's finish_collective, so a host error in that work cannot strand a launched peer kernel).
+  void launch_deferred_collective() {
+    if (!peer_pending_.buf) return;
+    const PeerPending p = peer_pending_;
+    peer_pending_ = PeerPending{};
+    cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), p.buf, p.count, s_);
+  }
   void finish_collective() {
-    if (peer_pending_.buf) {  // the deferred peer all-reduce (all_reduce), now that every rank has issued its op
-      cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), peer_pending_.buf,
-                            peer_pending_.count, s_);
-      peer_pending_ = PeerPending{};
-    }
+    launch_deferred_collective();  // no-op when the TP backend already did
     const Pending p = pending_;
     pending_ = Pending{};
     const int64_t d = c_.hidden;
@@ -1196,6 +1200,7 @@ void set_eager_profiling(Backend& b, bool on) { dynamic_cast<CudaBackend&>(b).se
 std::vector<std::pair<std::string, double>> eager_profile(Backend& b) { return dynamic_cast<CudaBackend&>(b).eager_profile(); }
 void gather_logits(Backend& rank, float* logits) { dynamic_cast<CudaBackend&>(rank).gather_logits(logits); }
 void finish_collective(Backend& rank) { dynamic_cast<CudaBackend&>(rank).finish_collective(); }
+void launch_deferred_collective(Backend& rank) { dynamic_cast<CudaBackend&>(rank).launch_deferred_collective(); }
 uint64_t weight_bytes(const Backend& rank) { return dynamic_cast<const CudaBackend&>(rank).weight_bytes(); }
 }  // namespace cuda_detail
 

@@ -440,6 +440,7 @@ class CudaBackend final : public Backend {
     synchronize();
   }
   void synchronize() override {
+    DSV4_CU(cudaStreamSynchronize(side_));  // moe()'s shared-expert branch (joined into s_ unless an op threw midway)
     DSV4_CU(cudaStreamSynchronize(s_));
     int e = 0;
     DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
@@ -684,22 +685,11 @@ class CudaBackend final : public Backend {
 
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
     OpScope prof(this, "moe");
+    if (tp_ > 1) no_collective_pending();  // host-only check, before any work (and before the shared-expert fork)
     const DevLayer& L = lay(layer);
     const int E = c_.n_routed_experts, k = c_.n_experts_per_tok;
     const int64_t d = c_.hidden, I = c_.moe_inter / tp_;  // TP: every expert split along its intermediate dim
-    float* logits = scratch(7, static_cast<size_t>(n) * E);
-    plain(L.gate, x, n, logits);
-    int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
-    float* wts = scratch(15, static_cast<size_t>(n) * k);
-    cuda::RouterArgs r;
-    r.logits = logits, r.n = n, r.E = E, r.k = k;
-    r.func = c_.scoring_func == ScoringFunc::SqrtSoftplus ? 0 : (c_.scoring_func == ScoringFunc::Sigmoid ? 1 : 2);
-    r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
-    r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
-    r.sel = sel, r.wts = wts;
     if (!L.hash && !L.gate_bias) fail("layer ", layer, ": score routing without gate bias");
-    cuda::router(r, s_);
-    const bool lowp = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
     // One QA8 of x serves the routed experts and the shared expert.
     const float* xq8 = nullptr;
     std::function<const float*()> qa8_x = [&]() {
@@ -722,18 +712,29 @@ class CudaBackend final : public Backend {
     if (fork) {
       DSV4_CU(cudaEventRecord(fork_ev_, s_));
       DSV4_CU(cudaStreamWaitEvent(side_, fork_ev_, 0));
-      std::swap(s_, side_);  // the shared expert's kernels go to the side stream
-      try {
-        ys = shared_expert(L, x, n, ybuf, qa8_x);
-      } catch (...) {
-        std::swap(s_, side_);
-        throw;
-      }
+      struct SideStream {  // the shared expert's kernels go to the side stream; swapped back however this scope ends
+        cudaStream_t& a;
+        cudaStream_t& b;
+        SideStream(cudaStream_t& x, cudaStream_t& y) : a(x), b(y) { std::swap(a, b); }
+        ~SideStream() { std::swap(a, b); }
+      } on_side(s_, side_);
+      ys = shared_expert(L, x, n, ybuf, qa8_x);
       DSV4_CU(cudaEventRecord(join_ev_, s_));
-      std::swap(s_, side_);
     } else if (L.has_shared) {
       ys = shared_expert(L, x, n, ybuf, qa8_x);
     }
+    float* logits = scratch(7, static_cast<size_t>(n) * E);
+    plain(L.gate, x, n, logits);
+    int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
+    float* wts = scratch(15, static_cast<size_t>(n) * k);
+    cuda::RouterArgs r;
+    r.logits = logits, r.n = n, r.E = E, r.k = k;
+    r.func = c_.scoring_func == ScoringFunc::SqrtSoftplus ? 0 : (c_.scoring_func == ScoringFunc::Sigmoid ? 1 : 2);
+    r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
+    r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
+    r.sel = sel, r.wts = wts;
+    cuda::router(r, s_);
+    const bool lowp = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
     a.x = x, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
@@ -762,7 +763,6 @@ class CudaBackend final : public Backend {
         a.act_q = q;
       }
     }
-    if (tp_ > 1) no_collective_pending();
     a.y = ybuf;
     a.official = official_ && tp_ == 1;
     cuda::expert_down(a, s_);
@@ -808,12 +808,16 @@ class CudaBackend final : public Backend {
 
   // TP, after the NCCL group of attn_out()/moe(): the work TP1 does after the sum (BF16 rounding of wo_b's output;
   // per-expert rounding and the expert reduction).
+  // TP: the peer all-reduce all_reduce() deferred, once every rank has issued its op (the TP backend launches every
+  // rank's before any rank's finish_collective, so a host error in that work cannot strand a launched peer kernel).
+  void launch_deferred_collective() {
+    if (!peer_pending_.buf) return;
+    const PeerPending p = peer_pending_;
+    peer_pending_ = PeerPending{};
+    cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), p.buf, p.count, s_);
+  }
   void finish_collective() {
-    if (peer_pending_.buf) {  // the deferred peer all-reduce (all_reduce), now that every rank has issued its op
-      cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), peer_pending_.buf,
-                            peer_pending_.count, s_);
-      peer_pending_ = PeerPending{};
-    }
+    launch_deferred_collective();  // no-op when the TP backend already did
     const Pending p = pending_;
     pending_ = Pending{};
     const int64_t d = c_.hidden;
@@ -1243,6 +1247,7 @@ void set_eager_profiling(Backend& b, bool on) { dynamic_cast<CudaBackend&>(b).se
 std::vector<std::pair<std::string, double>> eager_profile(Backend& b) { return dynamic_cast<CudaBackend&>(b).eager_profile(); }
 void gather_logits(Backend& rank, float* logits) { dynamic_cast<CudaBackend&>(rank).gather_logits(logits); }
 void finish_collective(Backend& rank) { dynamic_cast<CudaBackend&>(rank).finish_collective(); }
+void launch_deferred_collective(Backend& rank) { dynamic_cast<CudaBackend&>(rank).launch_deferred_collective(); }
 uint64_t weight_bytes(const Backend& rank) { return dynamic_cast<const CudaBackend&>(rank).weight_bytes(); }
 }  // namespace cuda_detail
 

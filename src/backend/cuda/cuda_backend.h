@@ -66,6 +66,7 @@ void set_eager_profiling(Backend& rank, bool on);
 std::vector<std::pair<std::string, double>> eager_profile(Backend& rank);
 void gather_logits(Backend& rank, float* logits);  // after the NCCL group that ran head()/mtp_head()
 void finish_collective(Backend& rank);              // after the NCCL group that ran attn_out()/moe()
+void launch_deferred_collective(Backend& rank);     // the peer all-reduce those ops deferred (before finish_collective)
 uint64_t weight_bytes(const Backend& rank);
 }  // namespace cuda_detail
 

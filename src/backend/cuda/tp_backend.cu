@@ -250,11 +250,11 @@ class TpBackend final : public Backend {
   }
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
     collective([&](Backend& b, size_t r) { b.attn_out(layer, map(o, r), n, pos0, map(out, r)); });  // wo_b all-reduce
-    each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
+    finish_all();
   }
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
     collective([&](Backend& b, size_t r) { b.moe(layer, map(x, r), map(ids, r), n, map(out, r)); });  // experts
-    each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
+    finish_all();
   }
   void head(const float* X, int n, float* logits) override {
     collective([&](Backend& b, size_t r) { b.head(map(X, r), n, map(logits, r)); });  // vocabulary all-gather
@@ -326,6 +326,18 @@ class TpBackend final : public Backend {
     if (e != ncclSuccess) {
       abort_all();
       nccl_check(e, "ncclGroupEnd");
+    }
+  }
+  // After collective(): every rank's deferred peer all-reduce first, then every rank's post-collective work. A throw
+  // there may leave a launched peer kernel waiting for a rank that will not come: abort (the backend says it is
+  // unusable instead of failing later with a misleading message).
+  void finish_all() {
+    try {
+      each([&](Backend& b, size_t) { cuda_detail::launch_deferred_collective(b); });
+      each([&](Backend& b, size_t) { cuda_detail::finish_collective(b); });
+    } catch (...) {
+      abort_all();
+      throw;
     }
   }
   void abort_all() {

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1544,8 +1546,18 @@ unsigned grid_1d(int64_t total) {
 
 // The dynamic shared-memory opt-in, set for every size: a kernel's static shared memory counts against the same 48 KB
 // default, so a dynamic size just under 48 KB plus a static table fails to launch without it.
+// Set once per (device, kernel) and size increase: eager prefill launches thousands of kernels per chunk.
 void set_smem(const void* fn, size_t bytes) {
-  if (bytes > 0) DSV4_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  if (bytes == 0) return;
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> done;
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = done[{dev, fn}];
+  if (have >= bytes) return;
+  DSV4_CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  have = bytes;
 }
 
 float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {

@@ -2040,11 +2040,11 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (grouped_ok(a, a.x)) {
     const dim3 grid(blocks_for(a.I, kGrpRows), a.E);
     switch (fmt_of(a.fmt)) {
-      case kF32: launch(expert_gate_up_grouped<kF32>, grid, 128, 0, s, a, blk); break;
-      case kBF16: launch(expert_gate_up_grouped<kBF16>, grid, 128, 0, s, a, blk); break;
-      case kF16: launch(expert_gate_up_grouped<kF16>, grid, 128, 0, s, a, blk); break;
-      case kFP8: launch(expert_gate_up_grouped<kFP8>, grid, 128, 0, s, a, blk); break;
-      case kFP4: launch(expert_gate_up_grouped<kFP4>, grid, 128, 0, s, a, blk); break;
+      case kF32: launch(expert_grouped<kF32, true>, grid, 128, 0, s, a, blk); break;
+      case kBF16: launch(expert_grouped<kBF16, true>, grid, 128, 0, s, a, blk); break;
+      case kF16: launch(expert_grouped<kF16, true>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_grouped<kFP8, true>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_grouped<kFP4, true>, grid, 128, 0, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;
@@ -2116,11 +2116,11 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (grouped_ok(a, a.act_q)) {
     const dim3 grid(blocks_for(a.d, kGrpRows), a.E);
     switch (fmt_of(a.fmt)) {
-      case kF32: launch(expert_down_grouped<kF32>, grid, 128, 0, s, a, blk); break;
-      case kBF16: launch(expert_down_grouped<kBF16>, grid, 128, 0, s, a, blk); break;
-      case kF16: launch(expert_down_grouped<kF16>, grid, 128, 0, s, a, blk); break;
-      case kFP8: launch(expert_down_grouped<kFP8>, grid, 128, 0, s, a, blk); break;
-      case kFP4: launch(expert_down_grouped<kFP4>, grid, 128, 0, s, a, blk); break;
+      case kF32: launch(expert_grouped<kF32, false>, grid, 128, 0, s, a, blk); break;
+      case kBF16: launch(expert_grouped<kBF16, false>, grid, 128, 0, s, a, blk); break;
+      case kF16: launch(expert_grouped<kF16, false>, grid, 128, 0, s, a, blk); break;
+      case kFP8: launch(expert_grouped<kFP8, false>, grid, 128, 0, s, a, blk); break;
+      case kFP4: launch(expert_grouped<kFP4, false>, grid, 128, 0, s, a, blk); break;
     }
     DSV4_LAUNCHED();
     return;

@@ -95,51 +95,14 @@ __device__ __forceinline__ void grp_stage(const WRow* W, int64_t rows, int64_t r
   }
 }
 
-// gate/up: grid (ceil(I / 32), E); act[slot, r] = SwiGLU(w1 x, w3 x) * wts[slot] for every slot routed to the expert.
-template <int F>
-__global__ void __launch_bounds__(128) expert_gate_up_grouped(ExpertArgs a, int blk) {
-  pdl_wait();
-  __shared__ float lut[16];
-  __shared__ __align__(16) float Ws[2][kGrpRows][kGrpK + kGrpPad];
-  __shared__ __align__(16) float Xs[kGrpSlots][kGrpK + kGrpPad];
-  init_lut(lut);
-  const int e = blockIdx.y;
-  const int32_t beg = a.offsets[e], end = a.offsets[e + 1];
-  if (beg == end) return;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGrpRows;
-  const DevExpert E = a.table[e];
-  const WRow W[2] = {WRow{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, WRow{E.w3, E.s3, E.g3, a.d, a.sb1, blk}};
-  const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
-  for (int32_t s0 = beg; s0 < end; s0 += kGrpSlots) {
-    const int ns = min(kGrpSlots, end - s0);
-    float acc[2][2][4] = {};
-    for (int64_t k0 = 0; k0 < a.d; k0 += kGrpK) {
-      grp_stage<F, 2>(W, a.I, r0, k0, a.d, lut, Ws, a.x, a.d, a.k, a.perm + s0, ns, Xs);
-      __syncthreads();
-      grp_fma<2>(Ws, Xs, acc);
-      __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t r = r0 + 2 * ty + i;
-        const int s = tx + 8 * j;
-        if (r >= a.I || s >= ns) continue;
-        const int slot = a.perm[s0 + s];
-        float g = acc[0][i][j], u = acc[1][i][j];
-        if (a.official) g = bf16r(g), u = bf16r(u);
-        a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(g, u, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
-      }
-  }
-}
-
+// GATE_UP: grid (ceil(I / 32), E); act[slot, r] = SwiGLU(w1 x, w3 x) * wts[slot] for every slot routed to the expert.
 // down: grid (ceil(d / 32), E); y[slot, r] = w2[r, :] . act_q[slot, :].
-template <int F>
-__global__ void __launch_bounds__(128) expert_down_grouped(ExpertArgs a, int blk) {
+template <int F, bool GATE_UP>
+__global__ void __launch_bounds__(128) expert_grouped(ExpertArgs a, int blk) {
+  constexpr int NM = GATE_UP ? 2 : 1;  // weight matrices per row tile: w1 and w3, or w2
   pdl_wait();
   __shared__ float lut[16];
-  __shared__ __align__(16) float Ws[1][kGrpRows][kGrpK + kGrpPad];
+  __shared__ __align__(16) float Ws[NM][kGrpRows][kGrpK + kGrpPad];
   __shared__ __align__(16) float Xs[kGrpSlots][kGrpK + kGrpPad];
   init_lut(lut);
   const int e = blockIdx.y;
@@ -147,15 +110,19 @@ __global__ void __launch_bounds__(128) expert_down_grouped(ExpertArgs a, int blk
   if (beg == end) return;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGrpRows;
   const DevExpert E = a.table[e];
-  const WRow W[1] = {WRow{E.w2, E.s2, E.g2, a.I, a.sb2, blk}};
+  const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d;
+  WRow W[NM];
+  if constexpr (GATE_UP) W[0] = WRow{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W[1] = WRow{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
+  else W[0] = WRow{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
   const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
   for (int32_t s0 = beg; s0 < end; s0 += kGrpSlots) {
     const int ns = min(kGrpSlots, end - s0);
-    float acc[1][2][4] = {};
-    for (int64_t k0 = 0; k0 < a.I; k0 += kGrpK) {
-      grp_stage<F, 1>(W, a.d, r0, k0, a.I, lut, Ws, a.act_q, a.I, 1, a.perm + s0, ns, Xs);
+    float acc[NM][2][4] = {};
+    for (int64_t k0 = 0; k0 < K; k0 += kGrpK) {
+      // gate/up reads the token's row (slot / k), down the slot's act_q row
+      grp_stage<F, NM>(W, R, r0, k0, K, lut, Ws, GATE_UP ? a.x : a.act_q, K, GATE_UP ? a.k : 1, a.perm + s0, ns, Xs);
       __syncthreads();
-      grp_fma<1>(Ws, Xs, acc);
+      grp_fma<NM>(Ws, Xs, acc);
       __syncthreads();
     }
 #pragma unroll
@@ -164,10 +131,16 @@ __global__ void __launch_bounds__(128) expert_down_grouped(ExpertArgs a, int blk
       for (int j = 0; j < 4; ++j) {
         const int64_t r = r0 + 2 * ty + i;
         const int s = tx + 8 * j;
-        if (r >= a.d || s >= ns) continue;
+        if (r >= R || s >= ns) continue;
         const int slot = a.perm[s0 + s];
-        const float y = acc[0][i][j];
-        a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
+        if constexpr (GATE_UP) {
+          float g = acc[0][i][j], u = acc[NM - 1][i][j];
+          if (a.official) g = bf16r(g), u = bf16r(u);
+          a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(g, u, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
+        } else {
+          const float y = acc[0][i][j];
+          a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
+        }
       }
   }
 }

@@ -210,6 +210,32 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
                 (long long)out, (long long)in, n, st.rel);
     EXPECT_LE(st.rel, 2e-5) << "GEMM vs GEMV";
   }
+  // Single-token GEMVs with >= 2048 rows stream through the cp.async ring (gemv_ring.cuh); the v3 kernels compute
+  // the same per-lane chunk order, so the two agree bit for bit where v3 does not split K (>= 4096 rows at n = 1,
+  // see gemv()'s K-split rule), and to summation order otherwise.
+  if (n == 1) {
+    EXPECT_EQ(cu::gemv_ring_eligible(W, a), out >= 2048) << "the ring takes single-token GEMVs of >= 2048 rows";
+    if (cu::gemv_ring_eligible(W, a)) {
+      cu::LinearArgs b = a;
+      b.round_bf16 = false;
+      DBuf<float> d_ring(ref.size()), d_v3(ref.size());
+      b.y = d_ring.p;
+      cu::linear(W, b, nullptr);
+      cu::set_gemv_ring(false);
+      b.y = d_v3.p;
+      cu::linear(W, b, nullptr);
+      cu::set_gemv_ring(true);
+      const auto yr = d_ring.get(), yv = d_v3.get();
+      const Stats st = cmp(yr, yv);
+      const bool same = std::memcmp(yr.data(), yv.data(), yr.size() * 4) == 0;
+      std::printf("[op] ring vs v3 GEMV %s %lldx%lld: %s (rel L2 %.3g)\n", weight_format_name(fmt), (long long)out,
+                  (long long)in, same ? "bit-identical" : "differs", st.rel);
+      if (out >= 4096) {
+        EXPECT_TRUE(same) << "ring vs v3 without K split";
+      }
+      EXPECT_LE(st.rel, 1e-6) << "ring vs v3";
+    }
+  }
   // Single-token official GEMVs quantize x while staging it (qa8_x): bit-identical to QA8 kernel + GEMV.
   if (official && n == 1) {
     cu::LinearArgs b = a;
@@ -248,6 +274,17 @@ TEST(CudaOps, PrefillGemm) {
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
 }
+// wo_b (K = 8192: the largest staged row) and the shared expert's w1|w3 and w2 at n = 1 (the ring GEMV), and the
+// LM head's format (BF16) at a ring-sized height.
+TEST(CudaOps, RingGemvShapes) {
+  for (bool off : {false, true}) {
+    run_linear(4096, 8192, 1, off);
+    run_linear(4096, 4096, 1, off);
+    run_linear(4096, 2048, 1, off);
+  }
+  run_linear(8192, 4096, 1, false, WeightFormat::BF16);
+  run_linear(2048, 4096, 1, true, WeightFormat::MXFP4);
+}
 // The vectorised GEMV's other formats and K splits (2048 rows: 2 slices; 1000x80: partial row groups, 5 chunks), and
 // the per-element kernel for a width that is not whole 16-byte chunks (FP8 K = 200).
 TEST(CudaOps, LinearFormatsAndSplits) {
@@ -276,9 +313,29 @@ void run_grouped_wo_a(int n) {
   cu::linear(W, a, nullptr);
   expect_close(dz.get(), ref, false, (std::string("grouped wo_a 8x1024x4096 n=") + std::to_string(n) +
                                       (cu::prefill_gemm_eligible(W, a) ? " (GEMM)" : "")).c_str());
+  if (n == 1) {
+    // Decode: the ring GEMV, one group per set of blocks; v3 (no K split at 8192 rows) gives the same bits.
+    ASSERT_TRUE(cu::gemv_ring_eligible(W, a));
+    ASSERT_TRUE(cu::gemv_stages_x(W, a));
+    DBuf<float> dv(ref.size());
+    cu::set_gemv_ring(false);
+    a.y = dv.p;
+    cu::linear(W, a, nullptr);
+    cu::set_gemv_ring(true);
+    EXPECT_EQ(0, std::memcmp(dv.get().data(), dz.get().data(), ref.size() * 4)) << "grouped ring vs v3";
+    // Official decode: QA8 of each group's slice fused into the staging, bit-identical to qa8_rows + GEMV.
+    DBuf<float> dq(u.size()), dr(ref.size()), df(ref.size());
+    cu::qa8_rows(du.p, 1, G * gin, dq.p, nullptr);
+    a.x = dq.p, a.y = dr.p;
+    cu::linear(W, a, nullptr);
+    a.x = du.p, a.qa8_x = true, a.y = df.p;
+    cu::linear(W, a, nullptr);
+    EXPECT_EQ(0, std::memcmp(dr.get().data(), df.get().data(), ref.size() * 4)) << "grouped ring, fused QA8";
+  }
   cu::free_linear(W);
 }
 TEST(CudaOps, Fp8LinearGroupedWoA) {
+  run_grouped_wo_a(1);
   run_grouped_wo_a(2);
   run_grouped_wo_a(40);  // the GEMM, one per group
 }
@@ -401,6 +458,8 @@ void run_experts(int n, bool grouped) {
       cu::ExpertArgs one = a;
       DBuf<float> act1(static_cast<size_t>(k * I)), y1(static_cast<size_t>(k * d));
       one.n = 1, one.act = act1.p, one.y = y1.p;
+      EXPECT_TRUE(cu::expert_ring_eligible(one, true)) << "decode gate/up takes the ring kernel";
+      EXPECT_TRUE(cu::expert_ring_eligible(one, false)) << "decode down takes the ring kernel";
       cu::expert_gate_up(one, nullptr);
       cu::expert_down(one, nullptr);  // act_q rows 0..k-1 of the n-token call
       EXPECT_EQ(0, std::memcmp(act1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up";

@@ -1579,6 +1579,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/bf16_split.cuh"
 #include "backend/cuda/attend_tc.cuh"
+#include "backend/cuda/gemv_ring.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -1588,6 +1589,31 @@ int sm_count() {
   if (dev < 0 || dev >= 64) fail("CUDA device ordinal ", dev, " out of range");
   if (cache[dev] == 0) DSV4_CU(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
   return cache[dev];
+}
+
+// Largest dynamic shared memory one block may opt in to on the current device (cached per device).
+size_t smem_optin() {
+  static int cache[64] = {0};
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) fail("CUDA device ordinal ", dev, " out of range");
+  if (cache[dev] == 0) DSV4_CU(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<size_t>(cache[dev]);
+}
+
+// The ring kernels (gemv_ring.cuh) on unless DSV4_GEMV_RING=0 (A/B) or set_gemv_ring(false) (tests).
+std::atomic<bool> g_ring_on{[] {
+  const char* e = std::getenv("DSV4_GEMV_RING");
+  return !(e && std::string(e) == "0");
+}()};
+// Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
+constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 1024;
+bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
+// FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)
+// but has no op test at real shapes yet: it keeps the v3 kernels.
+bool ring_format_ok(WeightFormat f, int64_t sb) {
+  const int k = fmt_of(f);
+  return k == kFP8 || k == kBF16 || (k == kFP4 && f == WeightFormat::MXFP4 && sb >= 0);
 }
 
 // v3 (activation staged in shared memory) unless DSV4_GEMV=v2 (A/B measurements) or the row does not fit the budget.
@@ -1700,7 +1726,21 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   gemv(W, a, s);
 }
 
+void set_gemv_ring(bool on) { g_ring_on.store(on, std::memory_order_relaxed); }
+
+// The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
+// spreads a short matrix over more warps); grouped ones need whole tiles per group and at most one group per SM.
+bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
+  if (!g_ring_on.load(std::memory_order_relaxed) || a.n != 1 || !ring_format_ok(W.fmt, W.sb_cols) ||
+      !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) || !ring_fits(W.in))
+    return false;
+  if (a.group_rows == 0) return W.out >= 512 * kRingR;
+  const int64_t G = W.out / a.group_rows;
+  return W.out % a.group_rows == 0 && a.group_rows % kRingR == 0 && G <= sm_count() && W.out >= 512 * kRingR;
+}
+
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
+  if (gemv_ring_eligible(W, a)) return true;
   return a.n == 1 && a.group_rows == 0 && use_xs(W.in) &&
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
@@ -1718,6 +1758,19 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
       case kF16: launch(linear_kernel<kF16>, grid, 256, 0, s, r, W.out, a); break;
       case kFP8: launch(linear_kernel<kFP8>, grid, 256, 0, s, r, W.out, a); break;
       case kFP4: launch(linear_kernel<kFP4>, grid, 256, 0, s, r, W.out, a); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (gemv_ring_eligible(W, a)) {
+    const int G = a.group_rows ? static_cast<int>(W.out / a.group_rows) : 1;
+    const unsigned grid = static_cast<unsigned>(G * std::max(1, sm_count() / G));
+    const size_t sm = kRingBytes + static_cast<size_t>(W.in) * 4;
+    switch (f) {
+      case kBF16: allow_smem(gemv_ring_kernel<kBF16>, sm), launch(gemv_ring_kernel<kBF16>, grid, kRingThreads, sm, s, r, W.out, a, G); break;
+      case kFP8: allow_smem(gemv_ring_kernel<kFP8>, sm), launch(gemv_ring_kernel<kFP8>, grid, kRingThreads, sm, s, r, W.out, a, G); break;
+      case kFP4: allow_smem(gemv_ring_kernel<kFP4>, sm), launch(gemv_ring_kernel<kFP4>, grid, kRingThreads, sm, s, r, W.out, a, G); break;
+      default: fail("gemv: no ring kernel for this format");
     }
     DSV4_LAUNCHED();
     return;
@@ -2015,6 +2068,18 @@ void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* per
   DSV4_LAUNCHED();
 }
 
+// Decode experts through the ring (FP8 / MXFP4 / NVFP4 with even scale strides; staged rows x_floats must fit).
+static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
+  const int f = fmt_of(a.fmt);
+  return g_ring_on.load(std::memory_order_relaxed) && a.n == 1 && a.k <= kTilesMaxK && (f == kFP8 || f == kFP4) &&
+         ring_format_ok(a.fmt, a.sb1) && ring_format_ok(a.fmt, a.sb2) && ring_fits(x_floats);
+}
+bool expert_ring_eligible(const ExpertArgs& a, bool gate_up) {
+  const float* in = gate_up ? a.x : a.act_q;
+  return !expert_tc_ok(a, in) && !grouped_ok(a, in) && expert_vector_ok(a, in) &&
+         expert_ring_fits(a, gate_up ? a.d : static_cast<int64_t>(a.k) * a.I);
+}
+
 bool expert_gate_up_stages_x(const ExpertArgs& a) {
   return !expert_tc_ok(a, a.x) && !grouped_ok(a, a.x) && expert_vector_ok(a, a.x) && use_xs(a.d);
 }
@@ -2057,6 +2122,17 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
       case kF16: launch(expert_gate_up_kernel<kF16>, grid, 256, 0, s, a, blk); break;
       case kFP8: launch(expert_gate_up_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_gate_up_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (expert_ring_fits(a, a.d)) {  // decode: all k experts streamed through the ring
+    const size_t sm = kRingBytes + static_cast<size_t>(a.d) * 4;
+    const dim3 grid(static_cast<unsigned>(sm_count()));
+    switch (fmt_of(a.fmt)) {
+      case kFP8: allow_smem(expert_ring_kernel<kFP8, true>, sm), launch(expert_ring_kernel<kFP8, true>, grid, kRingThreads, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_ring_kernel<kFP4, true>, sm), launch(expert_ring_kernel<kFP4, true>, grid, kRingThreads, sm, s, a, blk); break;
+      default: fail("expert_gate_up: no ring kernel for this format");
     }
     DSV4_LAUNCHED();
     return;
@@ -2133,6 +2209,17 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
       case kF16: launch(expert_down_kernel<kF16>, grid, 256, 0, s, a, blk); break;
       case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (expert_ring_fits(a, static_cast<int64_t>(a.k) * a.I)) {  // decode: all k act rows staged, ring
+    const size_t sm = kRingBytes + static_cast<size_t>(a.k) * a.I * 4;
+    const dim3 grid(static_cast<unsigned>(sm_count()));
+    switch (fmt_of(a.fmt)) {
+      case kFP8: allow_smem(expert_ring_kernel<kFP8, false>, sm), launch(expert_ring_kernel<kFP8, false>, grid, kRingThreads, sm, s, a, blk); break;
+      case kFP4: allow_smem(expert_ring_kernel<kFP4, false>, sm), launch(expert_ring_kernel<kFP4, false>, grid, kRingThreads, sm, s, a, blk); break;
+      default: fail("expert_down: no ring kernel for this format");
     }
     DSV4_LAUNCHED();
     return;

@@ -66,6 +66,11 @@ struct LinearArgs {
 void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s);
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // the GEMV path for any n (tests compare)
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a);         // linear() runs a kernel that stages x (qa8_x ok)
+// Single-token GEMVs and decode experts stream their weights through a per-warp shared-memory ring filled by
+// cp.async (gemv_ring.cuh), bit-identical to the v3 kernels without K split; DSV4_GEMV_RING=0 or set_gemv_ring(false)
+// keeps the v3 kernels (A/B, tests). *_ring_eligible: the call would take the ring kernel.
+void set_gemv_ring(bool on);
+bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a);
 constexpr int kGemmMinTokens = 16;
 // The prefill GEMM paths (this dense GEMM, the grouped expert kernels, the tensor-core prefill attention) on or
 // off, process-wide; default on,
@@ -272,6 +277,7 @@ struct ExpertArgs {
   // x / act_q are raw and the single-slot kernels apply QA8 while staging them (where expert_*_stages_x() hold).
   bool qa8_x = false, qa8_act = false;
 };
+bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_gate_up_stages_x(const ExpertArgs& a);
 bool expert_down_stages_x(const ExpertArgs& a);
 constexpr int kMoeGroupedMinTokens = 16;

@@ -1,0 +1,252 @@
+// Decode GEMV v4 ("ring"): single-token GEMVs and routed experts streaming their weights through a per-warp ring of
+// shared memory filled by cp.async (LDGSTS), one 512-thread block per SM.
+//
+// Why: the v3 kernels (gemv_xsmem.cuh) hold the weights in flight in registers, two chunk-steps per warp, so each SM
+// had at most ~32 KB of loads outstanding. By Little's law that caps a 4.3 TB/s part at ~1.5-2 TB/s for the ~1.5 us
+// loaded DRAM latency, which is what they measured (35-45 % of the bandwidth, `dsv4 bench-ops` / ncu). Here every
+// lane copies its 16-byte weight chunk (and the 4-byte word holding its block scale) of S - 1 future chunk-steps
+// into shared memory: (S - 1) * R * 20 bytes per lane, ~100 KB per SM in flight, no registers held. A lane reads back
+// only what it copied itself, so cp.async.wait_group alone orders each read after its copy (no barrier needed).
+// The arithmetic is chunk_dot_s of v3 in the same per-lane chunk order (lane, lane + 32, ...), followed by the same
+// warp_sum: results are bit-identical to gemv_xs_tiles_kernel / expert_tiles_kernel and to any v3 kernel without K
+// split.
+// Included INSIDE kernels.cu's anonymous namespace, after gemv_xsmem.cuh (stage_x, chunk_dot_s, scale_row, ...).
+#pragma once
+
+constexpr int kRingR = 4;          // weight rows per tile (per warp step)
+constexpr int kRingS = 4;          // chunk-steps per warp ring (S - 1 in flight while one is consumed)
+constexpr int kRingThreads = 512;  // one block per SM
+constexpr int kRingWarps = kRingThreads / 32;
+constexpr size_t kRingWarpBytes = static_cast<size_t>(kRingS) * kRingR * 32 * (16 + 4);
+constexpr size_t kRingBytes = kRingWarps * kRingWarpBytes;  // 160 KB; the staged activation comes after it
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// The aligned 4-byte word holding chunk c's block scale(s), and the bit offset of those inside it: FP8 one fp32 per
+// 8 chunks (always aligned); MXFP4 one byte per chunk; NVFP4 two bytes per chunk (the launcher requires an even
+// scale row stride, so the pair never straddles two words).
+template <int F>
+__device__ __forceinline__ const uint32_t* scale_word(const void* sp, int64_t c, int blk, int& shift) {
+  if constexpr (F == kFP8) {
+    shift = 0;
+    return reinterpret_cast<const uint32_t*>(static_cast<const float*>(sp) + (c >> 3));
+  } else {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(sp) + static_cast<uintptr_t>(blk == 16 ? 2 * c : c);
+    shift = static_cast<int>(at & 3u) * 8;
+    return reinterpret_cast<const uint32_t*>(at & ~static_cast<uintptr_t>(3));
+  }
+}
+// raw_scale's value from the copied word.
+template <int F>
+__device__ __forceinline__ uint32_t scale_bits(uint32_t word, int shift, int blk) {
+  if constexpr (F == kFP8) return word;
+  else return (word >> shift) & (blk == 16 ? 0xFFFFu : 0xFFu);
+}
+
+// One tile: R weight rows, their scale rows and global scales, and the staged activation they multiply.
+template <int R>
+struct RingTile {
+  const uint8_t* wp[R];
+  const void* sp[R];
+  float gs[R];
+  const float* xs;
+};
+
+// The warp's walk over tiles gw, gw + nw, ... (nw warps in its group), ks chunk-steps each, through the ring.
+// tile_at(t, RingTile&) describes tile t; flush(t, acc) is its epilogue (acc: lane partials, not warp-reduced).
+// stage() stages the activation(s) with all threads of the block; called once, after the first copies are issued.
+template <int F, int R, int S, typename TileAt, typename Flush, typename Stage>
+__device__ __forceinline__ void ring_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t nch, int blk, uint8_t* ring,
+                                         TileAt tile_at, Flush flush, Stage stage) {
+  constexpr bool kScaled = F == kFP8 || F == kFP4;
+  const int lane = threadIdx.x & 31;
+  const int ks = static_cast<int>((nch + 31) / 32);
+  const int64_t steps = gw < ntiles ? ((ntiles - gw + nw - 1) / nw) * ks : 0;
+  uint4* wring = reinterpret_cast<uint4*>(ring);                       // [S][R][32]
+  uint32_t* sring = reinterpret_cast<uint32_t*>(ring + S * R * 32 * 16);  // [S][R][32]
+  // Load cursor: the tile and chunk-step whose copies are issued next, and the ring slot they go to.
+  int64_t lt = gw;
+  int lk = 0, lslot = 0;
+  RingTile<R> L;
+  if (steps > 0) tile_at(lt, L);
+  auto issue = [&]() {
+    const int64_t c = static_cast<int64_t>(lk) * 32 + lane;
+    if (c < nch) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        cp_async16(wring + (lslot * R + r) * 32 + lane, L.wp[r] + c * 16);
+        if constexpr (kScaled) {
+          int sh;
+          cp_async4(sring + (lslot * R + r) * 32 + lane, scale_word<F>(L.sp[r], c, blk, sh));
+        }
+      }
+    }
+    lslot = lslot + 1 == S ? 0 : lslot + 1;
+    if (++lk == ks) {
+      lk = 0;
+      lt += nw;
+      if (lt < ntiles) tile_at(lt, L);
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < S - 1; ++p) {
+    if (p < steps) issue();
+    cp_async_commit();  // empty groups keep the group count uniform
+  }
+  stage();
+  __syncthreads();
+  int64_t ct = gw;
+  int ck = 0, cslot = 0;
+  RingTile<R> C;
+  if (steps > 0) tile_at(ct, C);
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s + S - 1 < steps) issue();
+    cp_async_commit();
+    cp_async_wait<S - 1>();  // this lane's copies of step s have landed
+    const int64_t c = static_cast<int64_t>(ck) * 32 + lane;
+    if (c < nch) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 q = wring[(cslot * R + r) * 32 + lane];
+        uint32_t sraw = 0;
+        if constexpr (kScaled) {
+          int sh;
+          scale_word<F>(C.sp[r], c, blk, sh);
+          sraw = scale_bits<F>(sring[(cslot * R + r) * 32 + lane], sh, blk);
+        }
+        acc[r] += chunk_dot_s<F>(q, C.xs, c, sraw, blk, C.gs[r]);
+      }
+    }
+    cslot = cslot + 1 == S ? 0 : cslot + 1;
+    if (++ck == ks) {
+      flush(ct, acc);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+      ck = 0;
+      ct += nw;
+      if (ct < ntiles) tile_at(ct, C);
+    }
+  }
+  cp_async_wait<0>();  // nothing may still be writing this block's shared memory when it exits
+}
+
+// Single-token GEMV y = W x (optionally grouped: G = out / group_rows groups, group g reading x + g * group_x_off).
+// Blocks are split evenly between groups (gridDim.x a multiple of G); a group's blocks stage its x slice once and
+// their warps walk its R-row tiles.
+template <int F>
+__global__ void __launch_bounds__(kRingThreads, 1) gemv_ring_kernel(WRow W, int64_t out, LinearArgs a, int G) {
+  pdl_wait();
+  extern __shared__ float4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* xs = reinterpret_cast<float*>(smem + kRingBytes);
+  const int bpg = gridDim.x / G, g = blockIdx.x / bpg;
+  const int64_t grows = G > 1 ? a.group_rows : out, row_base = g * grows;
+  const int64_t ntiles = (grows + kRingR - 1) / kRingR, nch = W.in / Chunk<F>::CW;
+  const float* x = a.x + (G > 1 ? g * a.group_x_off : 0);
+  const int64_t gw = static_cast<int64_t>(blockIdx.x % bpg) * kRingWarps + warp, nw = static_cast<int64_t>(bpg) * kRingWarps;
+  auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
+#pragma unroll
+    for (int r = 0; r < kRingR; ++r) {
+      const int64_t rr = row_base + min(t * kRingR + r, grows - 1);  // rows past the end recompute the last row
+      T.wp[r] = static_cast<const uint8_t*>(W.w) + rr * row_bytes<F>(W.in);
+      T.sp[r] = scale_row<F>(W, rr);
+      T.gs[r] = W.g;
+    }
+    T.xs = xs;
+  };
+  auto flush = [&](int64_t t, float (&acc)[kRingR]) {
+#pragma unroll
+    for (int r = 0; r < kRingR; ++r) {
+      const float v = warp_sum(acc[r]);
+      const int64_t rr = t * kRingR + r;
+      if (lane == 0 && rr < grows) a.y[row_base + rr] = a.round_bf16 ? bf16r(v) : v;
+    }
+  };
+  ring_walk<F, kRingR, kRingS>(gw, nw, ntiles, nch, W.blk, smem + warp * kRingWarpBytes, tile_at, flush,
+                               [&] { stage_x<F>(x, W.in, xs, a.qa8_x); });
+}
+
+// Decode (one token) routed experts through the ring, one pass per matrix kind over all k selected experts.
+// GATE_UP: tile = intermediate rows r, r + 1 of slot j (w1 r, w3 r, w1 r+1, w3 r+1), SwiGLU epilogue; x staged once.
+// down: tile = 4 output rows of slot j; all k act rows staged.
+template <int F, bool GATE_UP>
+__global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(ExpertArgs a, int blk) {
+  pdl_wait();
+  extern __shared__ float4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  __shared__ DevExpert ex[kTilesMaxK];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
+  float* xs = reinterpret_cast<float*>(smem + kRingBytes);
+  if (threadIdx.x < k) ex[threadIdx.x] = a.table[a.sel[threadIdx.x]];  // one token: slots 0..k-1
+  __syncthreads();
+  const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
+  const int64_t per_slot = GATE_UP ? (a.I + 1) / 2 : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
+  auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
+    const int j = static_cast<int>(t / per_slot);
+    const int64_t rt = t - j * per_slot;
+    const DevExpert& E = ex[j];
+    if (GATE_UP) {
+      const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int64_t r = min(2 * rt + jj, rows - 1), rb = r * row_bytes<F>(a.d);
+        T.wp[2 * jj] = static_cast<const uint8_t*>(E.w1) + rb, T.wp[2 * jj + 1] = static_cast<const uint8_t*>(E.w3) + rb;
+        T.sp[2 * jj] = scale_row<F>(W1, r), T.sp[2 * jj + 1] = scale_row<F>(W3, r);
+        T.gs[2 * jj] = E.g1, T.gs[2 * jj + 1] = E.g3;
+      }
+      T.xs = xs;
+    } else {
+      const WRow W2{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
+#pragma unroll
+      for (int r = 0; r < kRingR; ++r) {
+        const int64_t rr = min(rt * kRingR + r, rows - 1);
+        T.wp[r] = static_cast<const uint8_t*>(E.w2) + rr * row_bytes<F>(a.I);
+        T.sp[r] = scale_row<F>(W2, rr);
+        T.gs[r] = E.g2;
+      }
+      T.xs = xs + static_cast<int64_t>(j) * a.I;
+    }
+  };
+  auto flush = [&](int64_t t, float (&acc)[kRingR]) {
+#pragma unroll
+    for (int r = 0; r < kRingR; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane != 0) return;
+    const int j = static_cast<int>(t / per_slot);
+    const int64_t rt = t - j * per_slot;
+    if (GATE_UP) {
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int64_t r = 2 * rt + jj;
+        if (r >= rows) continue;
+        float gv = acc[2 * jj], uv = acc[2 * jj + 1];
+        if (a.official) gv = bf16r(gv), uv = bf16r(uv);
+        a.act[static_cast<int64_t>(j) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[j] : 1.0f, a.official);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRingR; ++r)
+        if (rt * kRingR + r < rows) a.y[static_cast<int64_t>(j) * a.d + rt * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
+    }
+  };
+  ring_walk<F, kRingR, kRingS>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * kRingWarpBytes, tile_at, flush, [&] {
+    if (GATE_UP) {
+      stage_x<F>(a.x, a.d, xs, a.qa8_x);
+    } else {
+      for (int j = 0; j < k; ++j)
+        stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
+    }
+  });
+}

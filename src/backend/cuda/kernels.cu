@@ -493,22 +493,35 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) x[j] = (a.official && !a.head) ? bf16r(xin[j]) : xin[j];
 }
 
-__global__ void hc_post_kernel(const float* y, const float* post, const float* comb, int n, int hc, int64_t d,
+// HC > 0: the stream count as a constant (the models' 4), so xs / out live in registers; HC = 0: any hc <= 16 (the
+// runtime-sized arrays went to local memory: 10K spill sectors per launch in ncu).
+template <int HC>
+__global__ void hc_post_kernel(const float* y, const float* post, const float* comb, int n, int hc_rt, int64_t d,
                                bool official, float* X) {
   pdl_wait();
+  constexpr int M = HC > 0 ? HC : 16;
+  const int hc = HC > 0 ? HC : hc_rt;
   const int64_t total = static_cast<int64_t>(n) * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
     float* Xt = X + t * hc * d;
     const float* C = comb + t * hc * hc;
-    float xs[16], out[16];
-    for (int s = 0; s < hc; ++s) xs[s] = Xt[s * d + j];
-    for (int k = 0; k < hc; ++k) {
+    float xs[M], out[M];
+#pragma unroll
+    for (int s = 0; s < M; ++s)
+      if (s < hc) xs[s] = Xt[s * d + j];
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+      if (k >= hc) continue;
       float v = post[t * hc + k] * y[t * d + j];
-      for (int s = 0; s < hc; ++s) v += C[s * hc + k] * xs[s];
+#pragma unroll
+      for (int s = 0; s < M; ++s)
+        if (s < hc) v += C[s * hc + k] * xs[s];
       out[k] = official ? bf16r(v) : v;
     }
-    for (int k = 0; k < hc; ++k) Xt[k * d + j] = out[k];
+#pragma unroll
+    for (int k = 0; k < M; ++k)
+      if (k < hc) Xt[k * d + j] = out[k];
   }
 }
 
@@ -1922,7 +1935,9 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
              cudaStream_t s) {
   if (n <= 0) return;
-  launch(hc_post_kernel, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
+  if (hc < 1 || hc > 16) fail("hc_post: hc_mult ", hc, " must be in 1..16");
+  if (hc == 4) launch(hc_post_kernel<4>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
+  else launch(hc_post_kernel<0>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
   DSV4_LAUNCHED();
 }
 

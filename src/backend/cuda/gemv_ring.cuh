@@ -13,12 +13,20 @@
 // Included INSIDE kernels.cu's anonymous namespace, after gemv_xsmem.cuh (stage_x, chunk_dot_s, scale_row, ...).
 #pragma once
 
-constexpr int kRingR = 4;          // weight rows per tile (per warp step)
-constexpr int kRingS = 4;          // chunk-steps per warp ring (S - 1 in flight while one is consumed)
-constexpr int kRingThreads = 512;  // one block per SM
-constexpr int kRingWarps = kRingThreads / 32;
-constexpr size_t kRingWarpBytes = static_cast<size_t>(kRingS) * kRingR * 32 * (16 + 4);
-constexpr size_t kRingBytes = kRingWarps * kRingWarpBytes;  // 160 KB; the staged activation comes after it
+// Geometry: R weight rows per tile (per warp step), S chunk-steps per warp ring (S - 1 in flight while one is
+// consumed), T threads per block (one block per SM). Both geometries keep ~the same bytes in flight per SM; B trades
+// rows per warp for twice the warps (ncu on A: 4 warps per scheduler, an eligible warp in only 55 % of the cycles).
+// DSV4_RING_CFG=b selects B (A/B measurements).
+template <int R_, int S_, int T_>
+struct RingCfg {
+  static constexpr int R = R_, S = S_, T = T_, W = T_ / 32;
+  static constexpr size_t WarpBytes = static_cast<size_t>(S) * R * 32 * (16 + 4);
+  static constexpr size_t Bytes = W * WarpBytes;  // the staged activation comes after the rings
+};
+using RingA = RingCfg<4, 4, 512>;
+using RingB = RingCfg<2, 4, 1024>;
+constexpr int kRingR = 4;  // rows the launchers require per group (a multiple of every geometry's R)
+constexpr size_t kRingBytes = RingA::Bytes > RingB::Bytes ? RingA::Bytes : RingB::Bytes;  // 160 KB
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
@@ -144,8 +152,9 @@ __device__ __forceinline__ void ring_walk(int64_t gw, int64_t nw, int64_t ntiles
 // Single-token GEMV y = W x (optionally grouped: G = out / group_rows groups, group g reading x + g * group_x_off).
 // Blocks are split evenly between groups (gridDim.x a multiple of G); a group's blocks stage its x slice once and
 // their warps walk its R-row tiles.
-template <int F>
-__global__ void __launch_bounds__(kRingThreads, 1) gemv_ring_kernel(WRow W, int64_t out, LinearArgs a, int G) {
+template <int F, typename C>
+__global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out, LinearArgs a, int G) {
+  constexpr int kRingR = C::R, kRingWarps = C::W;
   pdl_wait();
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -174,15 +183,16 @@ __global__ void __launch_bounds__(kRingThreads, 1) gemv_ring_kernel(WRow W, int6
       if (lane == 0 && rr < grows) a.y[row_base + rr] = a.round_bf16 ? bf16r(v) : v;
     }
   };
-  ring_walk<F, kRingR, kRingS>(gw, nw, ntiles, nch, W.blk, smem + warp * kRingWarpBytes, tile_at, flush,
+  ring_walk<F, kRingR, C::S>(gw, nw, ntiles, nch, W.blk, smem + warp * C::WarpBytes, tile_at, flush,
                                [&] { stage_x<F>(x, W.in, xs, a.qa8_x); });
 }
 
 // Decode (one token) routed experts through the ring, one pass per matrix kind over all k selected experts.
-// GATE_UP: tile = intermediate rows r, r + 1 of slot j (w1 r, w3 r, w1 r+1, w3 r+1), SwiGLU epilogue; x staged once.
-// down: tile = 4 output rows of slot j; all k act rows staged.
-template <int F, bool GATE_UP>
-__global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(ExpertArgs a, int blk) {
+// GATE_UP: tile = R / 2 intermediate rows r.. of slot j (w1 r, w3 r, w1 r+1, w3 r+1, ...), SwiGLU epilogue; x staged
+// once. down: tile = R output rows of slot j; all k act rows staged.
+template <int F, bool GATE_UP, typename C>
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk) {
+  constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   pdl_wait();
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -192,7 +202,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(ExpertArgs
   if (threadIdx.x < k) ex[threadIdx.x] = a.table[a.sel[threadIdx.x]];  // one token: slots 0..k-1
   __syncthreads();
   const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
-  const int64_t per_slot = GATE_UP ? (a.I + 1) / 2 : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
+  const int64_t per_slot = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
   auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
     const int j = static_cast<int>(t / per_slot);
@@ -201,8 +211,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(ExpertArgs
     if (GATE_UP) {
       const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int64_t r = min(2 * rt + jj, rows - 1), rb = r * row_bytes<F>(a.d);
+      for (int jj = 0; jj < kHalf; ++jj) {
+        const int64_t r = min(kHalf * rt + jj, rows - 1), rb = r * row_bytes<F>(a.d);
         T.wp[2 * jj] = static_cast<const uint8_t*>(E.w1) + rb, T.wp[2 * jj + 1] = static_cast<const uint8_t*>(E.w3) + rb;
         T.sp[2 * jj] = scale_row<F>(W1, r), T.sp[2 * jj + 1] = scale_row<F>(W3, r);
         T.gs[2 * jj] = E.g1, T.gs[2 * jj + 1] = E.g3;
@@ -228,8 +238,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(ExpertArgs
     const int64_t rt = t - j * per_slot;
     if (GATE_UP) {
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int64_t r = 2 * rt + jj;
+      for (int jj = 0; jj < kHalf; ++jj) {
+        const int64_t r = kHalf * rt + jj;
         if (r >= rows) continue;
         float gv = acc[2 * jj], uv = acc[2 * jj + 1];
         if (a.official) gv = bf16r(gv), uv = bf16r(uv);
@@ -241,7 +251,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(ExpertArgs
         if (rt * kRingR + r < rows) a.y[static_cast<int64_t>(j) * a.d + rt * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
     }
   };
-  ring_walk<F, kRingR, kRingS>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * kRingWarpBytes, tile_at, flush, [&] {
+  ring_walk<F, kRingR, C::S>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
     if (GATE_UP) {
       stage_x<F>(a.x, a.d, xs, a.qa8_x);
     } else {

@@ -236,7 +236,9 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
       EXPECT_LE(st.rel, 1e-6) << "ring vs v3";
     }
   }
-  // Single-token official GEMVs quantize x while staging it (qa8_x): bit-identical to QA8 kernel + GEMV.
+  // Single-token official GEMVs quantize x while staging it (qa8_x): bit-identical to QA8 kernel + GEMV, except on the
+  // tensor cores (FP8, >= 1024 rows), which sum in another order: there, against the CPU and, unrounded, against the
+  // FMA kernels on the same quantized x.
   if (official && n == 1) {
     cu::LinearArgs b = a;
     b.x = dx.p, b.qa8_x = true, b.x_is_qa8 = false;
@@ -244,7 +246,25 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
     b.y = df.p;
     ASSERT_TRUE(cu::gemv_stages_x(W, b)) << "the single-token GEMV should stage x";
     cu::linear(W, b, nullptr);
-    EXPECT_EQ(0, std::memcmp(df.get().data(), dy.get().data(), ref.size() * 4)) << "fused QA8 differs from qa8_rows + GEMV";
+    const bool tc = cu::gemv_tc_eligible(W, b);
+    const bool want_tc = (fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32) && out >= 1024 && out % 16 == 0 && in % 128 == 0;
+    EXPECT_EQ(tc, want_tc) << "single-token FP8 GEMVs with qa8_x take the tensor cores";
+    if (!tc) {
+      EXPECT_EQ(0, std::memcmp(df.get().data(), dy.get().data(), ref.size() * 4)) << "fused QA8 differs from qa8_rows + GEMV";
+    } else {
+      expect_close(df.get(), ref, true, (std::string("tensor-core GEMV ") + std::to_string(out) + "x" + std::to_string(in)).c_str());
+      DBuf<float> dt(ref.size()), dr(ref.size());
+      cu::LinearArgs u = b;
+      u.round_bf16 = false, u.y = dt.p;
+      cu::linear(W, u, nullptr);
+      cu::set_gemv_tc(false);
+      u.y = dr.p;
+      cu::linear(W, u, nullptr);
+      cu::set_gemv_tc(true);
+      const Stats st = cmp(dt.get(), dr.get());
+      std::printf("[op] tensor-core vs FMA GEMV %lldx%lld (unrounded): rel L2 %.3g\n", (long long)out, (long long)in, st.rel);
+      EXPECT_LE(st.rel, 2e-5) << "tensor-core GEMV vs the FMA kernels";  // as the prefill GEMM vs GEMV bound
+    }
   }
   // QA8 itself must be bit-exact (it is a pure function of each 128-block).
   if (official) {

@@ -14,9 +14,8 @@
 #pragma once
 
 // Geometry: R weight rows per tile (per warp step), S chunk-steps per warp ring (S - 1 in flight while one is
-// consumed), T threads per block (one block per SM). Both geometries keep ~the same bytes in flight per SM; B trades
-// rows per warp for twice the warps (ncu on A: 4 warps per scheduler, an eligible warp in only 55 % of the cycles).
-// DSV4_RING_CFG=b selects B (A/B measurements).
+// consumed), T threads per block (one block per SM). Measured and dropped: 2 rows x 32 warps (the same bytes in
+// flight, twice the warps): 6-30 % slower (more activation reads per weight; the FP4 kernels spill at 64 registers).
 template <int R_, int S_, int T_>
 struct RingCfg {
   static constexpr int R = R_, S = S_, T = T_, W = T_ / 32;
@@ -24,9 +23,8 @@ struct RingCfg {
   static constexpr size_t Bytes = W * WarpBytes;  // the staged activation comes after the rings
 };
 using RingA = RingCfg<4, 4, 512>;
-using RingB = RingCfg<2, 4, 1024>;
 constexpr int kRingR = 4;  // rows the launchers require per group (a multiple of every geometry's R)
-constexpr size_t kRingBytes = RingA::Bytes > RingB::Bytes ? RingA::Bytes : RingB::Bytes;  // 160 KB
+constexpr size_t kRingBytes = RingA::Bytes;  // 160 KB
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");

@@ -1620,6 +1620,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/bf16_split.cuh"
 #include "backend/cuda/attend_tc.cuh"
 #include "backend/cuda/gemv_ring.cuh"
+#include "backend/cuda/gemv_tc.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -1646,13 +1647,6 @@ std::atomic<bool> g_ring_on{[] {
   const char* e = std::getenv("DSV4_GEMV_RING");
   return !(e && std::string(e) == "0");
 }()};
-bool ring_cfg_b() {
-  static const bool b = [] {
-    const char* e = std::getenv("DSV4_RING_CFG");
-    return e && std::string(e) == "b";
-  }();
-  return b;
-}
 // Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
 constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 1024;
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
@@ -1775,6 +1769,23 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
 
 void set_gemv_ring(bool on) { g_ring_on.store(on, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<bool> g_tc_gemv_on{[] {
+  const char* e = std::getenv("DSV4_GEMV_TC");
+  return !(e && std::string(e) == "0");
+}()};
+size_t tc_gemv_smem(int64_t K) { return kTcgRingBytes + static_cast<size_t>(K) * 2 + static_cast<size_t>(K / 128) * 4 + kTcgWarps * 16 * 4; }
+}  // namespace
+void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
+
+// The tensor-core GEMV (gemv_tc.cuh) takes single-token FP8 linears whose x the kernel quantizes (qa8_x: official
+// numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
+bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
+  return g_tc_gemv_on.load(std::memory_order_relaxed) && a.n == 1 && a.qa8_x && a.group_rows == 0 &&
+         fmt_of(W.fmt) == kFP8 && W.out % 16 == 0 && W.out >= 1024 && W.in % 128 == 0 && aligned16(W.w) &&
+         aligned16(a.x) && tc_gemv_smem(W.in) <= smem_optin();
+}
+
 // The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
 // spreads a short matrix over more warps); grouped ones need whole tiles per group and at most one group per SM.
 bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
@@ -1787,7 +1798,7 @@ bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
 }
 
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
-  if (gemv_ring_eligible(W, a)) return true;
+  if (gemv_tc_eligible(W, a) || gemv_ring_eligible(W, a)) return true;
   return a.n == 1 && a.group_rows == 0 && use_xs(W.in) &&
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
@@ -1809,6 +1820,17 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
+  if (gemv_tc_eligible(W, a)) {
+    int wpt = kTcgWarps;
+    while (wpt > 1 && wpt > W.in / 128) wpt /= 2;
+    const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
+    const size_t sm = tc_gemv_smem(W.in);
+    allow_smem(gemv_tc_fp8_kernel, sm);
+    launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    DSV4_LAUNCHED();
+    return;
+  }
   if (gemv_ring_eligible(W, a)) {
     const int G = a.group_rows ? static_cast<int>(W.out / a.group_rows) : 1;
     const unsigned grid = static_cast<unsigned>(G * std::max(1, sm_count() / G));
@@ -1822,8 +1844,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
         default: fail("gemv: no ring kernel for this format");
       }
     };
-    if (ring_cfg_b()) go(RingB{});
-    else go(RingA{});
+    go(RingA{});
     DSV4_LAUNCHED();
     return;
   }
@@ -2191,8 +2212,7 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
         default: fail("expert_gate_up: no ring kernel for this format");
       }
     };
-    if (ring_cfg_b()) go(RingB{});
-    else go(RingA{});
+    go(RingA{});
     DSV4_LAUNCHED();
     return;
   }
@@ -2283,8 +2303,7 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
         default: fail("expert_down: no ring kernel for this format");
       }
     };
-    if (ring_cfg_b()) go(RingB{});
-    else go(RingA{});
+    go(RingA{});
     DSV4_LAUNCHED();
     return;
   }

@@ -1,0 +1,153 @@
+// Decode GEMV on the tensor cores: single-token FP8 linears in official numerics (QA8 activations).
+//
+// Why: the ring GEMV (gemv_ring.cuh) dequantizes every weight to fp32 and multiplies it on the FMA pipe, ~3
+// instructions per weight; ncu found it issue-bound (warps eligible but not selected, math-pipe throttle) at ~45 % of
+// the bandwidth. Here the FP8 weights become f16 with one cvt per pair and the products run as mma.sync m16n8k16
+// (f16 inputs, fp32 accumulation): ~0.9 instructions per weight. Exactness: E4M3 weights and the QA8 activation's
+// E4M3 values q (x = q * s, s a power of two per 128-block) are exact in f16, their products exact in fp32; each
+// 128-block's MMA sum is scaled by (weight block scale * s) into an fp32 accumulator. So the result is the same
+// function as the FMA kernels up to fp32 summation order (the tests bound the difference).
+//
+// Shape of the work: a warp-tile is 16 rows x a K-slice; the block's 16 warps take `wpt` K-slices of 16 / wpt row
+// tiles per block step and their partials are added in slice order (deterministic). Weights stream through a per-lane
+// cp.async ring (each lane reads back only what it copied): per 128-column step a lane copies row g and row g + 8's
+// 16-byte chunks t and t + 4 (g = lane / 4, t = lane % 4), 64 bytes. MMA m (0..7) of the step takes, for the quad's
+// thread t, the 4 weights at byte 4 (m % 4) of chunk t (m < 4) or chunk t + 4 (m >= 4): a permutation of the step's
+// 128 columns, applied identically to the activation fragment (lanes 0..3 hold column n = 0; the others are zero).
+// Included INSIDE kernels.cu's anonymous namespace, after gemv_ring.cuh (cp_async16, cp_async_commit/wait).
+#pragma once
+
+constexpr int kTcgThreads = 512;
+constexpr int kTcgWarps = kTcgThreads / 32;
+constexpr int kTcgS = 6;  // ring stages: 5 steps (5 x 64 B per lane, 160 KB per SM) in flight while one is used
+constexpr size_t kTcgRingBytes = static_cast<size_t>(kTcgS) * 4 * 16 * kTcgThreads;  // 192 KB
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// QA8 of x[0, K) (K % 128 == 0) as in stage_x: the E4M3 values q as f16 in xq (natural order) and each 128-block's
+// power-of-two scale s in xsc, so that q * s is exactly the QA8 value the other kernels use.
+__device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int64_t K, __half* xq, float* xsc) {
+  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int64_t b = threadIdx.x >> 5; b < K / 128; b += nw) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x) + b * 32 + lane);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;
+    auto q2 = [inv](float p, float r) {
+      const __nv_fp8x2_storage_t e = __nv_cvt_float2_to_fp8x2(make_float2(fminf(fmaxf(p * inv, -448.0f), 448.0f),
+                                                                            fminf(fmaxf(r * inv, -448.0f), 448.0f)),
+                                                                __NV_SATFINITE, __NV_E4M3);
+      return e4m3x2_to_f16x2(e);
+    };
+    *reinterpret_cast<uint2*>(xq + b * 128 + lane * 4) = make_uint2(q2(v.x, v.y), q2(v.z, v.w));
+    if (lane == 0) xsc[b] = s;
+  }
+}
+
+// y[r] = sum_k W[r, k] * QA8(x)[k] for r < out (out % 16 == 0, K % 128 == 0), [round_bf16] BF16 output.
+// grid: blocks taking block steps of (16 / wpt) row tiles; wpt K-slices per tile.
+__global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int64_t out, LinearArgs a, int wpt) {
+  pdl_wait();
+  extern __shared__ float4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  const int64_t K = W.in, KB = K / 128, ntiles = out / 16;
+  uint4* ring = reinterpret_cast<uint4*>(smem);  // [S][4][threads]
+  __half* xq = reinterpret_cast<__half*>(smem + kTcgRingBytes);
+  float* xsc = reinterpret_cast<float*>(xq + K);
+  float* red = xsc + KB;  // [warps][16]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tpb = kTcgWarps / wpt, ts = warp / wpt, ksl = warp % wpt;
+  const int kb0 = static_cast<int>(ksl * KB / wpt), nkb = static_cast<int>((ksl + 1) * KB / wpt) - kb0;
+  const int64_t per_step = static_cast<int64_t>(gridDim.x) * tpb;
+  const int64_t iters = (ntiles + per_step - 1) / per_step;  // block steps: the same for every warp of the block
+  const int64_t steps = iters * nkb;
+  const uint8_t* wbase = static_cast<const uint8_t*>(W.w);
+  auto tile_of = [&](int64_t it) { return (it * gridDim.x + blockIdx.x) * tpb + ts; };
+  // Load cursor.
+  int64_t lit = 0;
+  int lk = 0, lslot = 0;
+  auto issue = [&]() {
+    const int64_t tile = tile_of(lit);
+    if (tile < ntiles) {
+      const uint8_t* rg = wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t;
+      const uint8_t* rg8 = rg + 8 * K;
+      uint4* dst = ring + static_cast<int64_t>(lslot) * 4 * kTcgThreads + tid;
+      cp_async16(dst, rg);
+      cp_async16(dst + kTcgThreads, rg + 64);
+      cp_async16(dst + 2 * kTcgThreads, rg8);
+      cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
+    }
+    lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
+    if (++lk == nkb) lk = 0, ++lit;
+  };
+#pragma unroll
+  for (int p = 0; p < kTcgS - 1; ++p) {
+    if (p < steps) issue();
+    cp_async_commit();
+  }
+  stage_x_qa8_f16(a.x, K, xq, xsc);
+  __syncthreads();
+  int64_t cit = 0;
+  int ck = 0, cslot = 0;
+  float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8 (column 0: lanes with t == 0)
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s + kTcgS - 1 < steps) issue();
+    cp_async_commit();
+    cp_async_wait<kTcgS - 1>();
+    const int64_t tile = tile_of(cit);
+    if (tile < ntiles) {
+      const int kb = kb0 + ck;
+      const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
+      const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
+      const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+      const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
+      // Activation fragments: lane t < 4 holds x at columns 16 t .. 16 t + 15 and 64 + 16 t .. of this step.
+      uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
+      if (g == 0) {
+        const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
+        xa = xp[0], xb = xp[1];
+        const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
+        xc = xp2[0], xd = xp2[1];
+      }
+      const uint32_t xb2[16] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w, xc.x, xc.y, xc.z, xc.w, xd.x, xd.y, xd.z, xd.w};
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const uint32_t a4[4] = {e4m3x2_to_f16x2(wg[m]), e4m3x2_to_f16x2(wg8[m]), e4m3x2_to_f16x2(wg[m] >> 16),
+                                e4m3x2_to_f16x2(wg8[m] >> 16)};
+        mma_f16_16816(c, a4, xb2[2 * m], xb2[2 * m + 1]);
+      }
+      const float sc = fp8_scale(W.sc, (tile * 16 >> 7) * W.sb + kb) * xsc[kb];
+      acc0 = fmaf(c[0], sc, acc0);
+      acc8 = fmaf(c[2], sc, acc8);
+    }
+    cslot = cslot + 1 == kTcgS ? 0 : cslot + 1;
+    if (++ck == nkb) {
+      // End of this block step: K-slice partials to shared memory, then summed in slice order.
+      if (t == 0) red[warp * 16 + g] = acc0, red[warp * 16 + g + 8] = acc8;
+      acc0 = acc8 = 0.0f;
+      __syncthreads();
+      if (tid < tpb * 16) {
+        const int ts2 = tid / 16, r = tid % 16;
+        const int64_t tile2 = (cit * gridDim.x + blockIdx.x) * tpb + ts2;
+        if (tile2 < ntiles) {
+          float v = 0.0f;
+          for (int k = 0; k < wpt; ++k) v += red[(ts2 * wpt + k) * 16 + r];
+          a.y[tile2 * 16 + r] = a.round_bf16 ? bf16r(v) : v;
+        }
+      }
+      __syncthreads();
+      ck = 0;
+      ++cit;
+    }
+  }
+  cp_async_wait<0>();
+}

@@ -151,8 +151,8 @@ fi
 if [ -n "${SKIP_SANITIZER:-}" ]; then
   note "- sanitizer: skipped (SKIP_SANITIZER)"
 elif command -v compute-sanitizer > /dev/null; then
-  step sanitizer 90 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/test_cuda" \
-    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits'
+  step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/test_cuda" \
+    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter'
 else
   note "- sanitizer: compute-sanitizer not found"
 fi

@@ -69,7 +69,10 @@ struct RingTile {
 // The warp's walk over tiles gw, gw + nw, ... (nw warps in its group), ks chunk-steps each, through the ring.
 // tile_at(t, RingTile&) describes tile t; flush(t, acc) is its epilogue (acc: lane partials, not warp-reduced).
 // stage() stages the activation(s) with all threads of the block; called once, after the first copies are issued.
-template <int F, int R, int S, typename TileAt, typename Flush, typename Stage>
+// WAIT_AFTER_PROLOGUE: the kernel has not called pdl_wait() yet; the first S - 1 steps' weight copies are issued
+// before it (weights never depend on the previous kernel), so under programmatic dependent launch they overlap the
+// previous kernel's tail instead of following it; the activation is staged after the wait.
+template <int F, int R, int S, bool WAIT_AFTER_PROLOGUE, typename TileAt, typename Flush, typename Stage>
 __device__ __forceinline__ void ring_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t nch, int blk, uint8_t* ring,
                                          TileAt tile_at, Flush flush, Stage stage) {
   constexpr bool kScaled = F == kFP8 || F == kFP4;
@@ -107,6 +110,7 @@ __device__ __forceinline__ void ring_walk(int64_t gw, int64_t nw, int64_t ntiles
     if (p < steps) issue();
     cp_async_commit();  // empty groups keep the group count uniform
   }
+  if constexpr (WAIT_AFTER_PROLOGUE) pdl_wait();
   stage();
   __syncthreads();
   int64_t ct = gw;
@@ -152,8 +156,7 @@ __device__ __forceinline__ void ring_walk(int64_t gw, int64_t nw, int64_t ntiles
 // their warps walk its R-row tiles.
 template <int F, typename C>
 __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out, LinearArgs a, int G) {
-  constexpr int kRingR = C::R, kRingWarps = C::W;
-  pdl_wait();
+  constexpr int kRingR = C::R, kRingWarps = C::W;  // pdl_wait(): in ring_walk, after the weight prologue
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
       if (lane == 0 && rr < grows) a.y[row_base + rr] = a.round_bf16 ? bf16r(v) : v;
     }
   };
-  ring_walk<F, kRingR, C::S>(gw, nw, ntiles, nch, W.blk, smem + warp * C::WarpBytes, tile_at, flush,
+  ring_walk<F, kRingR, C::S, true>(gw, nw, ntiles, nch, W.blk, smem + warp * C::WarpBytes, tile_at, flush,
                                [&] { stage_x<F>(x, W.in, xs, a.qa8_x); });
 }
 
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         if (rt * kRingR + r < rows) a.y[static_cast<int64_t>(j) * a.d + rt * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
     }
   };
-  ring_walk<F, kRingR, C::S>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
+  ring_walk<F, kRingR, C::S, false>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
     if (GATE_UP) {
       stage_x<F>(a.x, a.d, xs, a.qa8_x);
     } else {

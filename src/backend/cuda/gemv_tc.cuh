@@ -55,7 +55,7 @@ __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int
 // y[r] = sum_k W[r, k] * QA8(x)[k] for r < out (out % 16 == 0, K % 128 == 0), [round_bf16] BF16 output.
 // grid: blocks taking block steps of (16 / wpt) row tiles; wpt K-slices per tile.
 __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int64_t out, LinearArgs a, int wpt) {
-  pdl_wait();
+  // pdl_wait() comes after the weight prologue (as in ring_walk): the first steps' copies overlap the previous kernel.
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
   const int64_t K = W.in, KB = K / 128, ntiles = out / 16;
@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
     if (p < steps) issue();
     cp_async_commit();
   }
+  pdl_wait();
   stage_x_qa8_f16(a.x, K, xq, xsc);
   __syncthreads();
   int64_t cit = 0;

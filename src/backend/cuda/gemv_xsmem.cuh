@@ -158,7 +158,8 @@ __device__ __forceinline__ void rows_dot_xs(const uint8_t* const* wp, const void
 // Grouped mode: the block's rows lie in one group (the launcher checks), whose x slice is staged.
 template <int F>
 __global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
-  pdl_wait();
+  // pdl_wait() inside the staging lambda: the first weight loads (rows_dot_xs issues them before staging) do not
+  // depend on the previous kernel and overlap its tail under programmatic dependent launch.
   constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
   extern __shared__ float4 xs_raw[];
   float* xs = reinterpret_cast<float*>(xs_raw);
@@ -181,7 +182,10 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, Li
   }
   const float* x = a.x + (a.group_rows ? (block_row0 / a.group_rows) * a.group_x_off : 0);
   float acc[R];
-  rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] { stage_x<F>(x, W.in, xs, a.qa8_x); }, acc);
+  rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] {
+    pdl_wait();
+    stage_x<F>(x, W.in, xs, a.qa8_x);
+  }, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
   if (ks > 1) {
@@ -279,7 +283,7 @@ __global__ void __launch_bounds__(256, 2) expert_down_xs(ExpertArgs a, int blk) 
 // trip (and the activation staging) per wave of blocks: ~8 waves for wq_b.
 template <int F>
 __global__ void __launch_bounds__(256, 2) gemv_xs_tiles_kernel(WRow W, int64_t out, LinearArgs a) {
-  pdl_wait();
+  // pdl_wait() after the first weight loads (see gemv_xs_kernel).
   constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
   extern __shared__ float4 xs_raw[];
   float* xs = reinterpret_cast<float*>(xs_raw);
@@ -316,6 +320,7 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_tiles_kernel(WRow W, int64_t o
   const void* spb[R];
   int64_t rowa = 0, rowb = 0, ca = 0, cb = 0;
   if (steps > 0) at(0, wpa, spa, rowa, ca), pa.load(wpa, spa, W.blk, ca, nch);
+  pdl_wait();
   stage_x<F>(a.x, W.in, xs, a.qa8_x);
   __syncthreads();
   for (int64_t s = 0; s < steps; s += 2) {

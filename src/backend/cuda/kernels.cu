@@ -268,7 +268,7 @@ __global__ void fill_kernel(float* x, int64_t n, float v) {
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void norm_rope_kernel(NormRopeArgs a) {
-  pdl_wait();
+  // pdl_wait() after the constant inputs (norm weight, RoPE frequencies) are requested, before the row and position.
   extern __shared__ float sm[];
   __shared__ double red[32];
   const int row = blockIdx.x;
@@ -281,12 +281,12 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
   float* v = sm;
   float* ws = sm + len;                         // the norm weight, when there is one
   float* fs = ws + (a.do_norm && a.w ? len : 0);  // the RoPE inverse frequencies
-  const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
-  for (int i = threadIdx.x; i < len; i += blockDim.x) {
-    v[i] = x[i];
-    if (a.do_norm && a.w) ws[i] = a.w[i];
-  }
+  if (a.do_norm && a.w)
+    for (int i = threadIdx.x; i < len; i += blockDim.x) ws[i] = a.w[i];
   for (int i = threadIdx.x; i < R / 2; i += blockDim.x) fs[i] = a.inv_freq[i];
+  pdl_wait();
+  const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
+  for (int i = threadIdx.x; i < len; i += blockDim.x) v[i] = x[i];
   __syncthreads();
   if (a.do_norm) {
     block_rms(v, len, a.w ? ws : nullptr, a.eps, red);
@@ -331,7 +331,7 @@ constexpr int kHcSlice = 512;  // elements per block (128 threads x 4)
 constexpr int kHcMaxMix = 32;
 
 __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
-  pdl_wait();
+  // pdl_wait() after the loads of fn (constant weights): they overlap the previous kernel's tail.
   // grid (slices, tokens, mix-row groups of 8): the 1.5 MB of fn is streamed by 3x more blocks than slices alone would
   // give, each thread with its 8 float4 loads in flight (the v2 kernel was latency-bound at 32 blocks).
   __shared__ float red[4][9];
@@ -346,6 +346,7 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
 #pragma unroll
   for (int r = 0; r < 8; ++r)
     f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + j)) : z4;
+  pdl_wait();
   const float4 xv = inb ? *reinterpret_cast<const float4*>(Xt + j) : z4;
   float ss = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
   ss = warp_sum(ss);
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
 }
 
 __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
-  pdl_wait();
+  // pdl_wait() after the norm weight's prefetch (a constant), before the streams and partials are read.
   extern __shared__ float xin[];  // max(d, nslices * (kHcMaxMix + 1)) floats
   __shared__ double red[32];
   __shared__ float mix[kHcMaxMix], pre[16];
@@ -384,11 +385,18 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (g < ng) wr[i] = a.norm_w ? __ldg(reinterpret_cast<const float4*>(a.norm_w) + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    }
+  }
+  pdl_wait();
+  if (pf) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
       if (g >= ng) continue;
 #pragma unroll
       for (int s = 0; s < 4; ++s)
         if (s < hc) xr[s][i] = __ldg(reinterpret_cast<const float4*>(Xt + s * d) + g);
-      wr[i] = a.norm_w ? __ldg(reinterpret_cast<const float4*>(a.norm_w) + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     }
   }
   // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of

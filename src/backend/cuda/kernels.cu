@@ -388,6 +388,18 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
       if (g < ng) wr[i] = a.norm_w ? __ldg(reinterpret_cast<const float4*>(a.norm_w) + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     }
   }
+  // Warp 0's mHC parameters (scales and biases of pre / post / comb), also constants: in its serial chain below they
+  // were up to three dependent global round trips.
+  float sc_pre = 0.0f, sc_post = 0.0f, sc_comb = 0.0f, b_pre = 0.0f, b_post = 0.0f, b_comb = 0.0f;
+  if (threadIdx.x < 32) {
+    sc_pre = a.scale[0];
+    if (lane < hc) b_pre = a.base[lane];
+    if (!a.head) {
+      sc_post = a.scale[1], sc_comb = a.scale[2];
+      if (lane < hc) b_post = a.base[hc + lane];
+      if (lane < hc * hc) b_comb = a.base[2 * hc + lane];
+    }
+  }
   pdl_wait();
   if (pf) {
 #pragma unroll
@@ -424,16 +436,16 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     const float mv = lane < nmix ? static_cast<float>(md) * rs : 0.0f;
     if (lane < nmix) mix[lane] = mv;
     __syncwarp();
-    if (lane < hc) pre[lane] = sigm(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
+    if (lane < hc) pre[lane] = sigm(mix[lane] * sc_pre + b_pre) + a.hc_eps;
     if (!a.head) {
-      if (lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * a.scale[1] + a.base[hc + lane]);
+      if (lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * sc_post + b_post);
       // Sinkhorn on hc x hc (hc <= 5): lane = j * hc + k holds element (j, k). Row softmax, then iterations of
       // (row, column) normalisation; every lane runs the shuffles, lanes past hc * hc compute nothing that is kept.
       constexpr int kMaxHc = 5;
       const int j = lane / hc, k = lane % hc;
       const bool own = lane < hc * hc;
       const float eps = a.hc_eps;
-      float v = own ? mix[2 * hc + lane] * a.scale[2] + a.base[2 * hc + lane] : 0.0f;
+      float v = own ? mix[2 * hc + lane] * sc_comb + b_comb : 0.0f;
       auto row = [&](float x, int q) { return __shfl_sync(0xffffffffu, x, (j * hc + q) & 31); };
       auto col = [&](float x, int q) { return __shfl_sync(0xffffffffu, x, (q * hc + k) & 31); };
       {
@@ -1200,14 +1212,18 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void router_kernel(RouterArgs a) {
-  pdl_wait();
-  extern __shared__ float sm[];  // s[E], biased[E]
+  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
   __shared__ double red[32];
   __shared__ int sel[64];
   const int t = blockIdx.x, E = a.E, k = a.k;
   const float* lg = a.logits + static_cast<int64_t>(t) * E;
   float* s = sm;
   float* b = sm + E;
+  float* bias = sm + 2 * E;
+  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
+  if (a.bias)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) bias[e] = a.bias[e];
+  pdl_wait();
   float mx = -INFINITY;
   if (a.func == 2) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lg[e]);
@@ -1225,7 +1241,7 @@ __global__ void router_kernel(RouterArgs a) {
     else if (a.func == 1) sv = sigm(v);
     else sv = static_cast<float>(exp(static_cast<double>(v - mx)) / z);
     s[e] = sv;
-    b[e] = a.bias ? sv + a.bias[e] : sv;
+    b[e] = a.bias ? sv + bias[e] : sv;  // bias[e] was written by this same thread
   }
   __syncthreads();
   if (a.tid2eid) {
@@ -2120,7 +2136,7 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
 void router(const RouterArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.k > 64) fail("router: top-k ", a.k, " exceeds the kernel's limit of 64");
-  const size_t sm = static_cast<size_t>(a.E) * 8;
+  const size_t sm = static_cast<size_t>(a.E) * 12;
   set_smem(reinterpret_cast<const void*>(router_kernel), sm);
   launch(router_kernel, a.n, 256, sm, s, a);
   DSV4_LAUNCHED();

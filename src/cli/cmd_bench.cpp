@@ -18,6 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <numeric>
 #include <random>
 
 #include "backend/cuda/cuda_backend.h"
@@ -83,11 +86,64 @@ StepBytes layer_bytes(const dsv4::ModelConfig& c, const dsv4::LayerWeights& L, i
   return s;
 }
 
+// --trace-steps: a fresh decode recording whose launches are remembered by name, then `n` replays with every kernel
+// stamping its dependency release (cuda_trace_begin). Kernel i's cost = stamp(i + 1) - stamp(i): the time it adds to
+// the step's critical path, PDL overlap and gaps included. Medians over the replays, summed by kernel name.
+template <typename Step>
+void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, double step_us, int layers) {
+  dsv4::Forward fwd(model, 1);
+  step(fwd, false);  // eager
+  dsv4::cuda_trace_record_launches(true);
+  step(fwd, false);  // recorded: the graph's kernels in launch order
+  dsv4::cuda_trace_record_launches(false);
+  const std::vector<std::string> names = dsv4::cuda_trace_launch_names();
+  const size_t K = names.size();
+  if (K < 2) fail("--trace-steps: the recorded decode step launched ", K, " kernels through kernels.cu");
+  be.synchronize();
+  dsv4::cuda_trace_begin(static_cast<int64_t>(K) * n + 64);
+  for (int i = 0; i < n; ++i) step(fwd, false);
+  const std::vector<uint64_t> t = dsv4::cuda_trace_end();
+  if (t.size() != K * static_cast<size_t>(n))
+    fail("--trace-steps: ", t.size(), " stamps for ", n, " steps of ", K, " kernels: some kernel launched through "
+         "kernels.cu does not call pdl_wait() (or a kernel ran outside the recording)");
+  // Per position in the step: median over replays of the gap to the next kernel's stamp (the last kernel: none).
+  std::vector<double> cost(K - 1);
+  for (size_t i = 0; i + 1 < K; ++i) {
+    std::vector<double> d;
+    for (int r = 0; r < n; ++r) d.push_back(static_cast<double>(t[r * K + i + 1] - t[r * K + i]) * 1e-3);
+    cost[i] = median(d);
+  }
+  std::vector<double> span;
+  for (int r = 0; r < n; ++r) span.push_back(static_cast<double>(t[r * K + K - 1] - t[r * K]) * 1e-3);
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<int, double>> agg;
+  for (size_t i = 0; i + 1 < K; ++i) {
+    auto [it, fresh] = agg.try_emplace(names[i], 0, 0.0);
+    if (fresh) order.push_back(names[i]);
+    it->second.first += 1;
+    it->second.second += cost[i];
+  }
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) { return agg[a].second > agg[b].second; });
+  const double total = std::accumulate(cost.begin(), cost.end(), 0.0);
+  std::printf("  decode step as traced (%d replays, %zu kernels; first stamp to last: median %.1f us, the timed step "
+              "%.1f us):\n", n, K, median(span), step_us);
+  std::printf("    %9s %6s %5s %9s %9s  kernel\n", "us/step", "share", "count", "us each", "us/layer");
+  for (const auto& nm : order) {
+    const auto& [c, us] = agg[nm];
+    std::printf("    %9.1f %5.1f%% %5d %9.2f %9.2f  %s\n", us, 100.0 * us / total, c, us / c, us / layers,
+                nm.substr(0, 90).c_str());
+  }
+  // One layer in order (the third: the first CSA layer of Flash), so the chain of a layer can be read.
+  const size_t per = (K - 1) / static_cast<size_t>(layers), from = std::min(K - 2, 2 * per);
+  std::printf("  layer 2 in launch order (us on the critical path):\n");
+  for (size_t i = from; i < std::min(K - 1, from + per); ++i) std::printf("    %7.2f  %s\n", cost[i], names[i].substr(0, 90).c_str());
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   CLI::App app{"Benchmark the whole forward on synthetic full-size weights (real shapes and formats) on the GPU(s)",
                "dsv4 bench"};
   std::string which, format = "instruct", json_path;
-  int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30, profile_steps = 0;
+  int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30, profile_steps = 0, trace_steps = 0;
   int64_t context = 8192, prompt = -1;
   app.add_option("--synthetic", which, "flash|pro: random weights with the release's shapes and formats")
       ->required()->check(CLI::IsMember({"flash", "pro"}));
@@ -107,7 +163,17 @@ int cmd_bench(const std::vector<std::string>& args) {
                  "after the timing, run this many decode steps (graph replays, no LM head) between "
                  "cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tools/gpu/profile_decode.sh)")
       ->check(CLI::Range(0, 100));
+  app.add_option("--trace-steps", trace_steps,
+                 "after the timing, replay this many decode steps with every kernel stamping the moment its "
+                 "predecessor completed, and print each kernel's share of the step as the graph really runs (one GPU; "
+                 "the shared expert's side stream is turned off for the whole run so that the stream is linear)")
+      ->check(CLI::Range(0, 1000));
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
+  if (trace_steps > 0) {
+    if (tp != 1) fail("--trace-steps: one GPU only (--tp 1)");
+    ::setenv("DSV4_MOE_FORK", "0", 1);  // read when the backend is made: one stream, so stamps follow launch order
+    std::fprintf(stderr, "[bench] --trace-steps: the shared expert runs on the main stream in this run\n");
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results survive a run killed by a time limit
   if (prompt < 0) prompt = context;
   if (prompt > context) fail("--prompt (", prompt, ") must not exceed --context (", context, ")");
@@ -198,6 +264,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     dsv4::cuda_set_op_profiling(*be, false);
     std::fprintf(stderr, "[bench] per-op profile done\n");
   }
+  if (trace_steps > 0) print_trace(model, *be, step, trace_steps, median(t_layers), layers);
   if (profile_steps > 0) {  // the same recorded graph as the timed steps, so the profiler sees exactly those kernels
     be->synchronize();
     dsv4::cuda_profiler_range(true);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <cxxabi.h>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,6 +39,10 @@ void check(cudaError_t e, const char* what, const char* file, int line) {
 // off (A/B measurements).
 namespace {
 std::atomic<bool> g_pdl_allowed{true};  // set_pdl(): the tensor-parallel backend turns it off (see ops.h)
+// Launch tracing (trace_record_launches): the kernels launch() issued, in order, while recording is on.
+std::atomic<bool> g_trace_names_on{false};
+std::mutex g_trace_mu;
+std::vector<const void*> g_trace_funcs;
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
@@ -57,13 +62,35 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (g_trace_names_on.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(g_trace_mu);
+    g_trace_funcs.push_back(reinterpret_cast<const void*>(kernel));
+  }
   DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 }  // namespace
 void set_pdl(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
 namespace {
+// Dependency-release tracing (trace_begin / trace_end): when g_trace_buf is set, thread 0 of block 0 of every kernel
+// stores %globaltimer right after its griddepcontrol.wait returns, i.e. when the previous kernel of the stream has
+// completed. In a linear stream the difference between consecutive kernels' stamps is the time each kernel adds to
+// the step's critical path, inside the real graph (PDL overlap and launch gaps included) -- unlike ncu, which
+// serialises kernels and flushes caches between them.
+__device__ unsigned long long* g_trace_buf = nullptr;
+__device__ unsigned int g_trace_cap = 0;
+__device__ unsigned int g_trace_n = 0;
+__device__ __forceinline__ void trace_point() {
+  if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+  unsigned long long* buf = *static_cast<unsigned long long* volatile*>(&g_trace_buf);
+  if (buf == nullptr) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned int i = atomicAdd(&g_trace_n, 1u);
+  if (i < g_trace_cap) buf[i] = t;
+}
 __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  trace_point();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 }  // namespace
@@ -2389,6 +2416,78 @@ void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, boo
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s) {
   launch(stream_read_kernel, 132 * 8, 512, 0, s, static_cast<const float4*>(p), bytes / 16, sink);
   DSV4_LAUNCHED();
+}
+
+
+// ---- Decode tracing (see trace_point) -----------------------------------------------------------------------------
+void trace_record_launches(bool on) {
+  std::lock_guard<std::mutex> lock(g_trace_mu);
+  if (on) g_trace_funcs.clear();
+  g_trace_names_on.store(on, std::memory_order_relaxed);
+}
+
+std::vector<std::string> trace_launch_names() {
+  std::vector<const void*> funcs;
+  {
+    std::lock_guard<std::mutex> lock(g_trace_mu);
+    funcs.swap(g_trace_funcs);
+  }
+  std::vector<std::string> names;
+  names.reserve(funcs.size());
+  for (const void* f : funcs) {
+    const char* n = nullptr;
+    if (cudaFuncGetName(&n, f) != cudaSuccess || n == nullptr) {
+      (void)cudaGetLastError();
+      names.emplace_back("?");
+      continue;
+    }
+    int st = 0;
+    char* dm = abi::__cxa_demangle(n, nullptr, nullptr, &st);
+    std::string name = st == 0 && dm ? dm : n;
+    std::free(dm);
+    // "void dsv4::cuda::(anonymous namespace)::gemv_ring_kernel<3, ...>(WRow, ...)" -> "gemv_ring_kernel<3, ...>"
+    for (const char* drop : {"(anonymous namespace)::", "dsv4::cuda::", "dsv4::"})
+      for (size_t p = name.find(drop); p != std::string::npos; p = name.find(drop)) name.erase(p, std::strlen(drop));
+    if (name.rfind("void ", 0) == 0) name.erase(0, 5);
+    if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
+    names.push_back(name);
+  }
+  return names;
+}
+
+namespace {
+unsigned long long* g_trace_dev = nullptr;  // the buffer trace_begin allocated (current device)
+int64_t g_trace_capacity = 0;
+}  // namespace
+
+void trace_begin(int64_t capacity) {
+  if (g_trace_dev) fail("trace_begin: a trace is already running");
+  if (capacity <= 0 || capacity > (int64_t{1} << 30)) fail("trace_begin: capacity ", capacity, " out of range");
+  DSV4_CU(cudaDeviceSynchronize());
+  DSV4_CU(cudaMalloc(&g_trace_dev, static_cast<size_t>(capacity) * sizeof(unsigned long long)));
+  g_trace_capacity = capacity;
+  const unsigned int cap = static_cast<unsigned int>(capacity), zero = 0;
+  DSV4_CU(cudaMemcpyToSymbol(g_trace_cap, &cap, sizeof cap));
+  DSV4_CU(cudaMemcpyToSymbol(g_trace_n, &zero, sizeof zero));
+  DSV4_CU(cudaMemcpyToSymbol(g_trace_buf, &g_trace_dev, sizeof g_trace_dev));
+  DSV4_CU(cudaDeviceSynchronize());
+}
+
+std::vector<uint64_t> trace_end() {
+  if (!g_trace_dev) fail("trace_end: no trace running");
+  DSV4_CU(cudaDeviceSynchronize());
+  unsigned long long* none = nullptr;
+  DSV4_CU(cudaMemcpyToSymbol(g_trace_buf, &none, sizeof none));
+  unsigned int n = 0;
+  DSV4_CU(cudaMemcpyFromSymbol(&n, g_trace_n, sizeof n));
+  const int64_t got = std::min<int64_t>(n, g_trace_capacity);
+  std::vector<uint64_t> t(static_cast<size_t>(got));
+  if (got > 0) DSV4_CU(cudaMemcpy(t.data(), g_trace_dev, static_cast<size_t>(got) * 8, cudaMemcpyDeviceToHost));
+  DSV4_CU(cudaFree(g_trace_dev));
+  g_trace_dev = nullptr;
+  if (static_cast<int64_t>(n) > g_trace_capacity)
+    fail("trace_end: ", n, " kernels stamped, capacity ", g_trace_capacity, " (raise it)");
+  return t;
 }
 
 }  // namespace dsv4::cuda

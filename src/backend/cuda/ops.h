@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checkpoint/linear.h"
 
@@ -304,6 +305,15 @@ void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, boo
 // making progress in prefill on the H200 pair (4 layers ran fine, faster with PDL); under investigation. Since the
 // peer all-reduce (peer_allreduce.h), TP turns it on inside decode steps only.
 void set_pdl(bool allowed);
+// Decode tracing (dsv4 bench --trace-steps): trace_record_launches(true) remembers every kernel launched through
+// kernels.cu from then on (e.g. while a decode graph is captured), trace_launch_names() returns them demangled, in
+// launch order, and clears the list. trace_begin(capacity): from then on thread 0 of block 0 of every such kernel
+// stores %globaltimer (ns) when its dependency on the previous kernel is released (after griddepcontrol.wait);
+// trace_end() returns the stamps in that order (current device; throws if more than `capacity` were stamped).
+void trace_record_launches(bool on);
+std::vector<std::string> trace_launch_names();
+void trace_begin(int64_t capacity);
+std::vector<uint64_t> trace_end();
 
 // Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s);

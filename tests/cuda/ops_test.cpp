@@ -449,10 +449,13 @@ void run_experts(int n, bool grouped) {
     }
     a.n = n, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = lim, a.official = official, a.act = dact.p;
     DBuf<int32_t> doff(static_cast<size_t>(E + 1)), dperm(static_cast<size_t>(n * k));
+    DBuf<float> dxg(static_cast<size_t>(n * k) * std::max(d, I) / 2 + 1);  // expert_tc2's BF16 rows
     if (grouped) {
       cu::moe_group(dsel.p, n * k, E, doff.p, dperm.p, nullptr);
       a.perm = dperm.p, a.offsets = doff.p, a.E = E;
       a.x_bf16_exact = official;  // QA8 inputs: the tensor-core kernels (as the backend sets it)
+      a.xg = reinterpret_cast<uint16_t*>(dxg.p);
+      EXPECT_EQ(cu::expert_tc2_eligible(a, true), official) << "official grouped MXFP4 prefill takes expert_tc2";
       // The grouping is a permutation of the slots, expert by expert.
       const auto off = doff.get();
       auto perm = dperm.get();
@@ -530,6 +533,19 @@ void run_experts(int n, bool grouped) {
       std::printf("[op] experts tensor cores vs fp32 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, sa.rel, sy.rel);
       EXPECT_LE(sa.rel, 1e-5);  // measured 1.5e-7 (gate/up) and 1.2e-6 (down)
       EXPECT_LE(sy.rel, 1e-5);
+      // expert_tc2 (t, xg set) against the v1 tensor-core kernels on the same operands.
+      ASSERT_TRUE(cu::expert_tc2_eligible(t, true) && cu::expert_tc2_eligible(t, false));
+      cu::ExpertArgs v = t;
+      DBuf<float> act_v(dact.n), y_v(dy.n);
+      v.act = act_v.p, v.y = y_v.p;
+      cu::set_moe_tc2(false);
+      cu::expert_gate_up(v, nullptr);
+      cu::expert_down(v, nullptr);
+      cu::set_moe_tc2(true);
+      const Stats va = cmp(act_t.get(), act_v.get()), vy = cmp(y_t.get(), y_v.get());
+      std::printf("[op] experts tc2 vs tc1 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, va.rel, vy.rel);
+      EXPECT_LE(va.rel, 1e-5);
+      EXPECT_LE(vy.rel, 1e-5);
     }
   }
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);

@@ -1672,6 +1672,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/attend_tc.cuh"
 #include "backend/cuda/gemv_ring.cuh"
 #include "backend/cuda/gemv_tc.cuh"
+#include "backend/cuda/moe_tc2.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2186,6 +2187,35 @@ bool expert_tc_ok(const ExpertArgs& a, const float* act) {
   return a.x_bf16_exact && bf16_weights && grouped_ok(a, act);
 }
 
+namespace {
+std::atomic<bool> g_moe_tc2_on{[] {
+  const char* e = std::getenv("DSV4_MOE_TC2");
+  return !(e && std::string(e) == "0");
+}()};
+size_t tc2_smem(int64_t K) { return kTc2Stages * kTc2StageBytes + 256 * 4 + static_cast<size_t>(kTc2Rows) * (K / 32); }
+// Gathers the slots' activation rows (BF16, K permuted per 16-block) and runs expert_tc2.
+template <bool GATE_UP>
+void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
+  const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d;
+  const int nk = a.n * a.k;
+  launch(moe_gather_bf16_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K, 256)), 256, 0, s,
+         GATE_UP ? a.x : a.act_q, K, a.perm, GATE_UP ? a.k : 1, a.xg);
+  DSV4_LAUNCHED();
+  const size_t sm = tc2_smem(K);
+  allow_smem(expert_tc2<GATE_UP>, sm);
+  launch(expert_tc2<GATE_UP>, dim3(blocks_for(R, GATE_UP ? kTc2Rows / 2 : kTc2Rows), static_cast<unsigned>(a.E)),
+         kTc2Threads, sm, s, a, static_cast<const uint16_t*>(a.xg));
+  DSV4_LAUNCHED();
+}
+}  // namespace
+void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
+bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up) {
+  const float* in = gate_up ? a.x : a.act_q;
+  const int64_t K = gate_up ? a.d : a.I;
+  return g_moe_tc2_on.load(std::memory_order_relaxed) && a.xg && a.fmt == WeightFormat::MXFP4 && a.x_bf16_exact &&
+         grouped_ok(a, in) && K % kTc2K == 0 && a.sb1 == a.d / 32 && a.sb2 == a.I / 32 && tc2_smem(K) <= smem_optin();
+}
+
 void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s) {
   if (nk <= 0) return;
   const size_t sm = static_cast<size_t>(E) * 8;
@@ -2217,6 +2247,10 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.qa8_x && !expert_gate_up_stages_x(a)) fail("expert_gate_up: qa8_x on a path that does not stage x");
   const int blk = fp4_block(a.fmt);
+  if (expert_tc2_eligible(a, true)) {
+    launch_tc2<true>(a, s);
+    return;
+  }
   if (expert_tc_ok(a, a.x)) {
     const dim3 grid(blocks_for(a.I, kTcRows / 2), a.E);
     switch (fmt_of(a.fmt)) {
@@ -2308,6 +2342,10 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);
+  if (expert_tc2_eligible(a, false)) {
+    launch_tc2<false>(a, s);
+    return;
+  }
   if (expert_tc_ok(a, a.act_q)) {
     const dim3 grid(blocks_for(a.d, kTcRows), a.E);
     switch (fmt_of(a.fmt)) {

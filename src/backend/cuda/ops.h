@@ -281,7 +281,14 @@ struct ExpertArgs {
   bool x_bf16_exact = false;
   // x / act_q are raw and the single-slot kernels apply QA8 while staging them (where expert_*_stages_x() hold).
   bool qa8_x = false, qa8_act = false;
+  // Prefill scratch for expert_tc2 (moe_tc2.cuh): [n * k, max(d, I)] BF16, the slots' rows in expert order. Null:
+  // the v1 tensor-core kernels (expert_tc_grouped).
+  uint16_t* xg = nullptr;
 };
+// Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
+// the v1 kernels.
+bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);
+void set_moe_tc2(bool on);
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_gate_up_stages_x(const ExpertArgs& a);
 bool expert_down_stages_x(const ExpertArgs& a);

@@ -280,8 +280,14 @@ struct ExpertArgs {
   bool x_bf16_exact = false;
   // x / act_q are raw and the single-slot kernels apply QA8 while staging them (where expert_*_stages_x() hold).
   bool qa8_x = false, qa8_act = false;
+  // Decode (n == 1, ring kernels): the shared expert as slot k of the same launches -- act row k, y row k (act and y
+  // then hold k + 1 rows). shared13: its w1|w3 pair (rows [0, I) w1, [I, 2I) w3), shared2: its w2; FP8.
+  // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
+  const DevLinear* shared13 = nullptr;
+  const DevLinear* shared2 = nullptr;
 };
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
+bool expert_ring_shared_ok(const ExpertArgs& a);
 bool expert_gate_up_stages_x(const ExpertArgs& a);
 bool expert_down_stages_x(const ExpertArgs& a);
 constexpr int kMoeGroupedMinTokens = 16;

@@ -487,6 +487,39 @@ void run_experts(int n, bool grouped) {
       cu::expert_down(one, nullptr);  // act_q rows 0..k-1 of the n-token call
       EXPECT_EQ(0, std::memcmp(act1.get().data(), dact.get().data(), static_cast<size_t>(k * I) * 4)) << "decode gate/up";
       EXPECT_EQ(0, std::memcmp(y1.get().data(), dy.get().data(), static_cast<size_t>(k * d) * 4)) << "decode down";
+      {
+        // The shared expert fused into the same two ring launches as slot k (FP8 w1|w3 pair [2I, d] and w2 [d, I]):
+        // routed rows unchanged, and row k bit for bit what the separate path computes on the ring GEMVs (pair GEMV,
+        // SwiGLU kernel, w2 GEMV), official numerics with QA8 applied while staging as the backend does.
+        std::mt19937 gs(23);
+        auto H13 = make_linear(WeightFormat::FP8_E8M0, 2 * I, d, gs);
+        auto H2 = make_linear(WeightFormat::FP8_E8M0, d, I, gs);
+        cu::DevLinear S13 = cu::upload_linear(H13->ref), S2 = cu::upload_linear(H2->ref);
+        cu::ExpertArgs f = one;
+        DBuf<float> fact(static_cast<size_t>((k + 1) * I)), fy(static_cast<size_t>((k + 1) * d));
+        f.act = fact.p, f.y = fy.p, f.shared13 = &S13, f.shared2 = &S2;
+        if (official) f.x = dx.p, f.qa8_x = true;
+        ASSERT_TRUE(cu::expert_ring_shared_ok(f)) << "decode: the shared expert fuses into the ring launches";
+        cu::expert_gate_up(f, nullptr);
+        f.act_q = fact.p, f.qa8_act = official;
+        cu::expert_down(f, nullptr);
+        EXPECT_EQ(0, std::memcmp(fact.get().data(), act1.get().data(), static_cast<size_t>(k * I) * 4)) << "fused: routed act";
+        EXPECT_EQ(0, std::memcmp(fy.get().data(), y1.get().data(), static_cast<size_t>(k * d) * 4)) << "fused: routed y";
+        // The separate path on the ring GEMVs (tensor-core GEMV off: it sums in another order).
+        cu::set_gemv_tc(false);
+        DBuf<float> g2(static_cast<size_t>(2 * I)), sact(static_cast<size_t>(I)), sy(static_cast<size_t>(d));
+        cu::LinearArgs l;
+        l.x = official ? dx.p : one.x, l.ldx = d, l.n = 1, l.y = g2.p, l.ldy = 2 * I, l.round_bf16 = official, l.qa8_x = official;
+        cu::linear(S13, l, nullptr);
+        cu::swiglu(g2.p, g2.p + I, I, lim, official, sact.p, nullptr);
+        l.x = sact.p, l.ldx = I, l.y = sy.p, l.ldy = d;
+        cu::linear(S2, l, nullptr);
+        cu::set_gemv_tc(true);
+        const auto fa = fact.get(), fyv = fy.get();
+        EXPECT_EQ(0, std::memcmp(fa.data() + k * I, sact.get().data(), static_cast<size_t>(I) * 4)) << "fused: shared act";
+        EXPECT_EQ(0, std::memcmp(fyv.data() + k * d, sy.get().data(), static_cast<size_t>(d) * 4)) << "fused: shared y";
+        cu::free_linear(S13), cu::free_linear(S2);
+      }
       if (official) {  // ... and with QA8 applied while staging (the official decode path): the same bits again
         cu::ExpertArgs f1 = one;
         DBuf<float> fact1(static_cast<size_t>(k * I)), fy1(static_cast<size_t>(k * d));

@@ -707,7 +707,19 @@ class CudaBackend final : public Backend {
     // experts — in a captured step, a parallel branch of the graph — so its launch/ramp latencies overlap theirs.
     // It reads only x (quantized inside its GEMVs at n == 1) and writes its own buffers; joined before the reduction.
     // DSV4_MOE_FORK=0: one stream (A/B).
-    const bool fork = L.has_shared && n == 1 && L.sw13.w && moe_fork_enabled();
+    // Decode with the routed experts in the ring kernels: the shared expert rides in the same two launches as slot k
+    // (expert_ring_kernel, has_sh) instead of its own three kernels. Decided here, on the arguments the routed
+    // launches will get (the same checks they make).
+    const bool lowp_e = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
+    float* act = scratch(17, static_cast<size_t>(n) * (k + 1) * I);
+    bool fuse = false;
+    if (n == 1 && L.has_shared && L.sw13.w && moe_fuse_shared_enabled()) {
+      cuda::ExpertArgs t;
+      t.table = L.table, t.fmt = L.efmt, t.d = d, t.I = I, t.sb1 = L.esb1, t.sb2 = L.esb2, t.n = 1, t.k = k;
+      t.x = x, t.act = act, t.act_q = act, t.shared13 = &L.sw13, t.shared2 = &L.sw2;
+      fuse = cuda::expert_ring_shared_ok(t) && (!(official_ && lowp_e) || (cuda::expert_gate_up_stages_x(t) && cuda::expert_down_stages_x(t)));
+    }
+    const bool fork = !fuse && L.has_shared && n == 1 && L.sw13.w && moe_fork_enabled();
     float* ys = nullptr;
     if (fork) {
       DSV4_CU(cudaEventRecord(fork_ev_, s_));
@@ -720,8 +732,10 @@ class CudaBackend final : public Backend {
       } on_side(s_, side_);
       ys = shared_expert(L, x, n, ybuf, qa8_x);
       DSV4_CU(cudaEventRecord(join_ev_, s_));
-    } else if (L.has_shared) {
+    } else if (L.has_shared && !fuse) {
       ys = shared_expert(L, x, n, ybuf, qa8_x);
+    } else if (fuse) {
+      ys = ybuf + static_cast<size_t>(k) * d;  // written by the fused down launch (slot k)
     }
     float* logits = scratch(7, static_cast<size_t>(n) * E);
     plain(L.gate, x, n, logits);
@@ -734,12 +748,13 @@ class CudaBackend final : public Backend {
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
     cuda::router(r, s_);
-    const bool lowp = L.efmt != WeightFormat::F32 && L.efmt != WeightFormat::BF16 && L.efmt != WeightFormat::F16;
+    const bool lowp = lowp_e;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
     a.x = x, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
     a.official = official_;
-    a.act = scratch(17, static_cast<size_t>(n) * k * I);
+    a.act = act;
+    if (fuse) a.shared13 = &L.sw13, a.shared2 = &L.sw2;
     if (n >= cuda::kMoeGroupedMinTokens && cuda::prefill_gemm_enabled()) {  // prefill: group the slots by expert so each expert is read once
       int32_t* offsets = iscratch(1, static_cast<size_t>(E) + 1);
       int32_t* perm = iscratch(2, static_cast<size_t>(n) * k);
@@ -760,8 +775,9 @@ class CudaBackend final : public Backend {
     if (official_ && lowp) {
       a.qa8_act = cuda::expert_down_stages_x(a);
       if (!a.qa8_act) {
-        float* q = scratch(18, static_cast<size_t>(n) * k * I);
-        cuda::qa8_rows(a.act, n * k, I, q, s_);
+        const int rows = n * k + (fuse ? 1 : 0);  // the fused shared expert's act row too
+        float* q = scratch(18, static_cast<size_t>(rows) * I);
+        cuda::qa8_rows(a.act, rows, I, q, s_);
         a.act_q = q;
       }
     }
@@ -1198,6 +1214,13 @@ class CudaBackend final : public Backend {
   uint64_t weight_bytes_ = 0;
   cudaStream_t side_ = nullptr;  // moe(): the shared expert's branch (decode)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  static bool moe_fuse_shared_enabled() {  // DSV4_MOE_FUSE_SHARED=0: the shared expert's own kernels (A/B)
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_MOE_FUSE_SHARED");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
   static bool moe_fork_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FORK");

@@ -191,20 +191,76 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
 // Decode (one token) routed experts through the ring, one pass per matrix kind over all k selected experts.
 // GATE_UP: tile = R / 2 intermediate rows r.. of slot j (w1 r, w3 r, w1 r+1, w3 r+1, ...), SwiGLU epilogue; x staged
 // once. down: tile = R output rows of slot j; all k act rows staged.
+//
+// With the shared expert (sh: its FP8 w1|w3 pair for gate/up -- rows [0, I) w1, [I, 2I) w3 -- or its w2 for down;
+// has_sh), the kernel first walks the shared expert's tiles as slot k (act row k, y row k), exactly the ring GEMVs'
+// arithmetic on the same rows plus the SwiGLU epilogue of the routed slots with weight 1, i.e. what the separate
+// shared-expert kernels computed (ring path) in one launch fewer each. Its weights do not depend on the router, so
+// its first copies are issued before griddepcontrol.wait; the routed experts' table is read after it.
 template <int F, bool GATE_UP, typename C>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
-  pdl_wait();
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
   __shared__ DevExpert ex[kTilesMaxK];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   float* xs = reinterpret_cast<float*>(smem + kRingBytes);
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
+  if (has_sh) {
+    float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);  // after the routed rows' staging
+    const int64_t K2 = GATE_UP ? a.d : a.I, rows2 = GATE_UP ? a.I : a.d;
+    const int64_t nt2 = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR;
+    auto tile2 = [&](int64_t t, RingTile<kRingR>& T) {
+      if (GATE_UP) {
+#pragma unroll
+        for (int jj = 0; jj < kHalf; ++jj) {
+          const int64_t r = min(kHalf * t + jj, rows2 - 1);
+          T.wp[2 * jj] = static_cast<const uint8_t*>(sh.w) + r * row_bytes<kFP8>(K2);
+          T.wp[2 * jj + 1] = static_cast<const uint8_t*>(sh.w) + (a.I + r) * row_bytes<kFP8>(K2);
+          T.sp[2 * jj] = scale_row<kFP8>(sh, r), T.sp[2 * jj + 1] = scale_row<kFP8>(sh, a.I + r);
+          T.gs[2 * jj] = T.gs[2 * jj + 1] = sh.g;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < kRingR; ++r) {
+          const int64_t rr = min(t * kRingR + r, rows2 - 1);
+          T.wp[r] = static_cast<const uint8_t*>(sh.w) + rr * row_bytes<kFP8>(K2);
+          T.sp[r] = scale_row<kFP8>(sh, rr);
+          T.gs[r] = sh.g;
+        }
+      }
+      T.xs = xs2;
+    };
+    auto flush2 = [&](int64_t t, float (&acc)[kRingR]) {
+#pragma unroll
+      for (int r = 0; r < kRingR; ++r) acc[r] = warp_sum(acc[r]);
+      if (lane != 0) return;
+      if (GATE_UP) {
+#pragma unroll
+        for (int jj = 0; jj < kHalf; ++jj) {
+          const int64_t r = kHalf * t + jj;
+          if (r >= rows2) continue;
+          float gv = acc[2 * jj], uv = acc[2 * jj + 1];
+          if (a.official) gv = bf16r(gv), uv = bf16r(uv);
+          a.act[static_cast<int64_t>(k) * a.I + r] = swiglu1(gv, uv, a.limit, 1.0f, a.official);
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < kRingR; ++r)
+          if (t * kRingR + r < rows2) a.y[static_cast<int64_t>(k) * a.d + t * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
+      }
+    };
+    ring_walk<kFP8, kRingR, C::S, true>(gw, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
+      if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
+      else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
+    });
+  } else {
+    pdl_wait();
+  }
   if (threadIdx.x < k) ex[threadIdx.x] = a.table[a.sel[threadIdx.x]];  // one token: slots 0..k-1
   __syncthreads();
   const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
   const int64_t per_slot = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
-  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
   auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
     const int j = static_cast<int>(t / per_slot);
     const int64_t rt = t - j * per_slot;

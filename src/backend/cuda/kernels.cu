@@ -2225,6 +2225,11 @@ void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* per
 }
 
 // Decode experts through the ring (FP8 / MXFP4 / NVFP4 with even scale strides; staged rows x_floats must fit).
+// The activation floats a decode ring launch stages: the routed rows, plus the shared expert's row when it is fused.
+static int64_t ring_x_floats(const ExpertArgs& a, bool gate_up) {
+  const int64_t routed = gate_up ? a.d : static_cast<int64_t>(a.k) * a.I;
+  return routed + (a.shared13 ? (gate_up ? a.d : a.I) : 0);
+}
 static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
   const int f = fmt_of(a.fmt);
   return g_ring_on.load(std::memory_order_relaxed) && a.n == 1 && a.k <= kTilesMaxK && (f == kFP8 || f == kFP4) &&
@@ -2232,8 +2237,19 @@ static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
 }
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;
-  return !expert_tc_ok(a, in) && !grouped_ok(a, in) && expert_vector_ok(a, in) &&
-         expert_ring_fits(a, gate_up ? a.d : static_cast<int64_t>(a.k) * a.I);
+  return !expert_tc_ok(a, in) && !grouped_ok(a, in) && expert_vector_ok(a, in) && expert_ring_fits(a, ring_x_floats(a, gate_up));
+}
+// The shared expert fused into both decode ring launches (expert_ring_kernel, has_sh): FP8 pair [2I, d] and w2
+// [d, I] with 16-byte rows, and both launches still fit with its staged row.
+bool expert_ring_shared_ok(const ExpertArgs& a) {
+  if (!a.shared13 || !a.shared2) return false;
+  const DevLinear &p = *a.shared13, &w2 = *a.shared2;
+  if (fmt_of(p.fmt) != kFP8 || fmt_of(w2.fmt) != kFP8 || p.out != 2 * a.I || p.in != a.d || w2.out != a.d ||
+      w2.in != a.I || a.d % 16 != 0 || a.I % 16 != 0 || !aligned16(p.w) || !aligned16(w2.w))
+    return false;
+  ExpertArgs down = a;
+  down.act_q = a.act;  // the down launch reads the gate/up launch's act (as the backend passes it, QA8 while staging)
+  return expert_ring_eligible(a, true) && expert_ring_eligible(down, false);
 }
 
 bool expert_gate_up_stages_x(const ExpertArgs& a) {
@@ -2286,14 +2302,17 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (expert_ring_fits(a, a.d)) {  // decode: all k experts streamed through the ring
-    const size_t sm = kRingBytes + static_cast<size_t>(a.d) * 4;
+  if (a.shared13 && !expert_ring_shared_ok(a)) fail("expert_gate_up: a shared expert was passed but cannot be fused");
+  if (expert_ring_fits(a, ring_x_floats(a, true))) {  // decode: all k experts (and the shared one) through the ring
+    const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, true)) * 4;
+    const bool hs = a.shared13 != nullptr;
+    const WRow sh = hs ? wrow(*a.shared13) : WRow{};
     const dim3 grid(static_cast<unsigned>(sm_count()));
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
         default: fail("expert_gate_up: no ring kernel for this format");
       }
     };
@@ -2381,14 +2400,17 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (expert_ring_fits(a, static_cast<int64_t>(a.k) * a.I)) {  // decode: all k act rows staged, ring
-    const size_t sm = kRingBytes + static_cast<size_t>(a.k) * a.I * 4;
+  if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
+  if (expert_ring_fits(a, ring_x_floats(a, false))) {  // decode: all k act rows (and the shared one) staged, ring
+    const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, false)) * 4;
+    const bool hs = a.shared2 != nullptr;
+    const WRow sh = hs ? wrow(*a.shared2) : WRow{};
     const dim3 grid(static_cast<unsigned>(sm_count()));
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
         default: fail("expert_down: no ring kernel for this format");
       }
     };

@@ -284,12 +284,18 @@ struct ExpertArgs {
   // Prefill scratch for expert_tc2 (moe_tc2.cuh): [n * k, max(d, I)] BF16, the slots' rows in expert order. Null:
   // the v1 tensor-core kernels (expert_tc_grouped).
   uint16_t* xg = nullptr;
+  // Decode (n == 1, ring kernels): the shared expert as slot k of the same launches -- act row k, y row k (act and y
+  // then hold k + 1 rows). shared13: its w1|w3 pair (rows [0, I) w1, [I, 2I) w3), shared2: its w2; FP8.
+  // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
+  const DevLinear* shared13 = nullptr;
+  const DevLinear* shared2 = nullptr;
 };
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);
 void set_moe_tc2(bool on);
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
+bool expert_ring_shared_ok(const ExpertArgs& a);
 bool expert_gate_up_stages_x(const ExpertArgs& a);
 bool expert_down_stages_x(const ExpertArgs& a);
 constexpr int kMoeGroupedMinTokens = 16;

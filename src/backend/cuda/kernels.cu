@@ -962,20 +962,24 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
     base_eq += te;
   }
   __syncthreads();
-  // Bitonic sort of P candidates, descending (padding zeros sink to the end).
-  for (int size = 2; size <= P; size <<= 1)
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int j = threadIdx.x; j < P; j += blockDim.x) {
-        const int p = j ^ stride;
-        if (p > j) {
-          const unsigned long long a = cand[j], b = cand[p];
-          const bool desc = (j & size) == 0;
-          if (desc ? a < b : a > b) cand[j] = b, cand[p] = a;
-        }
-      }
-      __syncthreads();
-    }
-  for (int j = threadIdx.x; j < kk; j += blockDim.x) out[j] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(cand[j] & 0xFFFFFFFFull));
+  // Order: the kk candidates (key << 32 | ~index) are distinct, and the CPU's order (score descending, index
+  // ascending) is their descending order, so each one's place is the number of candidates above it: one pass of
+  // broadcast reads and a single barrier, instead of a bitonic sort's ~45 block-wide barriers (the top-k kernel was
+  // 17 us per CSA layer in ncu, one block).
+  // `per` adjacent lanes (a power of two <= 32) share a candidate, each counting a slice of the list; their counts
+  // meet through shuffles. Every lane runs every round (the shuffles need the whole warp).
+  int per = 1;
+  while (per < 32 && per * 2 * kk <= static_cast<int>(blockDim.x)) per *= 2;
+  const int part = static_cast<int>(threadIdx.x) % per, groups = static_cast<int>(blockDim.x) / per;
+  const int lo = part * kk / per, hi = (part + 1) * kk / per;
+  for (int jb = 0; jb < kk; jb += groups) {
+    const int j = jb + static_cast<int>(threadIdx.x) / per;
+    const unsigned long long c = j < kk ? cand[j] : ~0ull;
+    int rank = 0;
+    for (int i = lo; i < hi; ++i) rank += cand[i] > c;
+    for (int o = 1; o < per; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (j < kk && part == 0) out[rank] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -780,46 +780,49 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
   for (int i = threadIdx.x; i < n; i += blockDim.x) qh[i] = v[i];
 }
 
-// Indexer scores v2: block = 64 keys x 4 head groups (thread = (key, group of <= 16 heads)); each thread streams its
-// key row in float4 pieces and keeps the group's per-head dot products in registers while the queries are read from
-// shared memory as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the 4 groups in
-// order) like the CPU's double sum over heads.
-constexpr int kIdxKeys = 64;
-constexpr int kIdxGroupHeads = 16;
+// Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)); each thread
+// streams its key row in float4 pieces and keeps the group's per-head dot products in registers while the queries are
+// read from shared memory as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the
+// groups in order) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each
+// block re-stages the token's 32 KB of queries; KEYS = 16 (16 groups of <= 4 heads) for decode, where 64 keys per
+// block left a 2K-entry cache on 33 blocks of 132 SMs (ncu: 28 us per CSA layer).
+constexpr int kIdxMaxHeads = 64;
 
+template <int KEYS>
 __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
                                                          bool official, float* scores, int64_t ld, const int64_t* dpos) {
+  constexpr int kGroups = 256 / KEYS, kGroupHeads = (kIdxMaxHeads + kGroups - 1) / kGroups;
   pdl_wait();
   if (dpos) {  // graph mode: the chunk (gridDim.y tokens) has made (pos0 + n) / ratio entries exist
     pos0 = *dpos;
     n_keys = (pos0 + gridDim.y) / ratio;
   }
   extern __shared__ __align__(16) float qs[];  // heads * Di, then heads weights
-  __shared__ double part[4][kIdxKeys];
+  __shared__ double part[kGroups][KEYS];
   const int t = blockIdx.y;
   const int nq = heads * static_cast<int>(Di);
   for (int i = threadIdx.x; i < nq; i += blockDim.x) qs[i] = q[static_cast<int64_t>(t) * nq + i];
   float* ws = qs + nq;
   for (int i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = wts[t * heads + i];
   __syncthreads();
-  const int kl = threadIdx.x % kIdxKeys, grp = threadIdx.x / kIdxKeys;
-  const int64_t key = static_cast<int64_t>(blockIdx.x) * kIdxKeys + kl;
+  const int kl = threadIdx.x % KEYS, grp = threadIdx.x / KEYS;
+  const int64_t key = static_cast<int64_t>(blockIdx.x) * KEYS + kl;
   const int64_t visible = (pos0 + t + 1) / ratio;
   const bool live = key < ld && key < visible && key < n_keys;
-  const int hpg = (heads + 3) / 4, h0 = grp * hpg, hn = min(hpg, heads - h0);
+  const int hpg = (heads + kGroups - 1) / kGroups, h0 = grp * hpg, hn = min(hpg, heads - h0);
   const int Di4 = static_cast<int>(Di / 4);
   double s = 0.0;
   if (live && hn > 0) {
-    float acc[kIdxGroupHeads];
+    float acc[kGroupHeads];
 #pragma unroll
-    for (int h = 0; h < kIdxGroupHeads; ++h) acc[h] = 0.0f;
+    for (int h = 0; h < kGroupHeads; ++h) acc[h] = 0.0f;
     const float4* kp = reinterpret_cast<const float4*>(keys + key * Di);
     const float4* q4 = reinterpret_cast<const float4*>(qs);
     for (int d4 = 0; d4 < Di4; ++d4) {
       const float4 kv = __ldg(kp + d4);
 #pragma unroll
-      for (int h = 0; h < kIdxGroupHeads; ++h)
+      for (int h = 0; h < kGroupHeads; ++h)
         if (h < hn) {
           const float4 qv = q4[(h0 + h) * Di4 + d4];
           acc[h] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
@@ -828,15 +831,18 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     const float wscale = 1.0f / sqrtf(static_cast<float>(heads));
     const float qscale = 1.0f / sqrtf(static_cast<float>(Di));
 #pragma unroll
-    for (int h = 0; h < kIdxGroupHeads; ++h)
+    for (int h = 0; h < kGroupHeads; ++h)
       if (h < hn && acc[h] > 0) s += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
   }
   part[grp][kl] = s;
   __syncthreads();
-  if (threadIdx.x < kIdxKeys && key < ld) {
+  if (threadIdx.x < KEYS && key < ld) {
     float sf = -INFINITY;
     if (live) {
-      sf = static_cast<float>(part[0][kl] + part[1][kl] + part[2][kl] + part[3][kl]);
+      double sum = part[0][kl];
+#pragma unroll
+      for (int g = 1; g < kGroups; ++g) sum += part[g][kl];
+      sf = static_cast<float>(sum);
       if (official) sf = bf16r(sf);
     }
     scores[t * ld + key] = sf;
@@ -2087,13 +2093,19 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
                     int ratio, int64_t n_keys, bool official, float* scores, int64_t ld, cudaStream_t s,
                     const int64_t* dpos) {
   if (n <= 0 || ld <= 0) return;
-  if (Di % 4 != 0 || heads > 4 * kIdxGroupHeads)
-    fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", 4 * kIdxGroupHeads);
+  if (Di % 4 != 0 || heads > kIdxMaxHeads)
+    fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", kIdxMaxHeads);
   if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
   const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
-  set_smem(reinterpret_cast<const void*>(indexer_scores_v2), sm);
-  launch(indexer_scores_v2, dim3(blocks_for(ld, kIdxKeys), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys, official,
-                                                                       scores, ld, dpos);
+  if (n == 1) {  // decode: 4x the blocks (the queries are staged once per block; one token's are 32 KB)
+    set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);
+    launch(indexer_scores_v2<16>, dim3(blocks_for(ld, 16), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
+           official, scores, ld, dpos);
+  } else {
+    set_smem(reinterpret_cast<const void*>(indexer_scores_v2<64>), sm);
+    launch(indexer_scores_v2<64>, dim3(blocks_for(ld, 64), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
+           official, scores, ld, dpos);
+  }
   DSV4_LAUNCHED();
 }
 

@@ -362,10 +362,10 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
 
 // ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
 // grouped: the prefill path (slots grouped by expert on the device, one block per (row tile, expert)).
-void run_experts(int n, bool grouped) {
+void run_experts(int n, bool grouped, int64_t d = 4096) {
   std::mt19937 g(11);
   const int E = 8, k = 6;
-  const int64_t d = 4096, I = 2048;
+  const int64_t I = 2048;
   const float lim = 10.0f;
   vector<std::unique_ptr<HostLinear>> w1, w2, w3;
   vector<cu::DevLinear> d1, d2, d3;
@@ -547,7 +547,7 @@ void run_experts(int n, bool grouped) {
       EXPECT_EQ(0, std::memcmp(fact.get().data(), dact.get().data(), dact.n * 4)) << "fused QA8 of x";
       EXPECT_EQ(0, std::memcmp(fy.get().data(), dy.get().data(), dy.n * 4)) << "fused QA8 of act";
     }
-    expect_close(dout.get(), ref, official, (std::string("mxfp4 experts 6x(4096->2048->4096) n=") + std::to_string(n) +
+    expect_close(dout.get(), ref, official, (std::string("mxfp4 experts 6x(") + std::to_string(d) + "->2048->" + std::to_string(d) + ") n=" + std::to_string(n) +
                                              (grouped ? " grouped" : "") + (a.x_bf16_exact ? " (tensor cores)" : "")).c_str());
     if (grouped && official) {
       // Tensor-core kernels vs the fp32 grouped kernels on the same exact-BF16 operands, without the BF16 output
@@ -585,6 +585,9 @@ void run_experts(int n, bool grouped) {
 }
 
 TEST(CudaOps, Mxfp4ExpertsAndRouter) { run_experts(2, false); }
+// A hidden size that is not a multiple of the prefill kernels' 128-row tiles (4160 = 32.5 x 128): the down
+// projection's last row tile is partial (expert_tc2's clamped rows and guarded stores).
+TEST(CudaOps, Mxfp4ExpertsGroupedPartialRowTile) { run_experts(40, true, 4160); }
 // n = 20: ~15 slots per expert; n = 96: ~72, so some experts take two 64-slot tiles.
 TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(20, true);

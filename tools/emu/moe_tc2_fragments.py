@@ -117,6 +117,6 @@ def run(GATE_UP, K=128, I=96, d=128, ns=50):
         err = np.abs(out[m] - ref[m]).max()
         print("GATE_UP" if GATE_UP else "down", "matrix", m, "max |err|", err, "max |ref|", np.abs(ref[m]).max())
         assert err <= 1e-9 * max(1, np.abs(ref[m]).max()), "MISMATCH"
-run(True)
-run(False)
+run(True)                              # gate/up: partial row tile (I = 96), one partial slot tile
+run(False, K=128, I=128, d=192, ns=70)  # down: partial row tile (192 = 1.5 x 128), two slot tiles
 print("OK")

@@ -761,7 +761,7 @@ class CudaBackend final : public Backend {
       cuda::moe_group(sel, n * k, E, offsets, perm, s_);
       a.perm = perm, a.offsets = offsets, a.E = E;
       a.x_bf16_exact = official_ && lowp;  // x and act_q are QA8 values
-      if (a.x_bf16_exact && L.efmt == WeightFormat::MXFP4)  // expert_tc2's gathered BF16 rows
+      if (a.x_bf16_exact && L.efmt == WeightFormat::MXFP4 && cuda::moe_tc2_enabled())  // expert_tc2's BF16 rows
         a.xg = reinterpret_cast<uint16_t*>(scratch(31, (static_cast<size_t>(n) * k * std::max(d, I) + 1) / 2));
     }
     // Official FP8/FP4 experts read QA8(x) and QA8(act): the single-slot kernels quantize while staging, other

@@ -2215,7 +2215,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d;
   const int nk = a.n * a.k;
   launch(moe_gather_bf16_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K, 256)), 256, 0, s,
-         GATE_UP ? a.x : a.act_q, K, a.perm, GATE_UP ? a.k : 1, a.xg);
+         GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, a.xg);
   DSV4_LAUNCHED();
   const size_t sm = tc2_smem(K);
   allow_smem(expert_tc2<GATE_UP>, sm);
@@ -2225,6 +2225,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
 }
 }  // namespace
 void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
+bool moe_tc2_enabled() { return g_moe_tc2_on.load(std::memory_order_relaxed); }
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;
   const int64_t K = gate_up ? a.d : a.I;

@@ -35,11 +35,13 @@ constexpr int kTc2StageBytes = kTc2ABytes + kTc2BBytes;
 // Stored column q (0..15) of a 16-column block holds actual column kperm16(q).
 __host__ __device__ constexpr int kperm16(int q) { return q < 8 ? 4 * (q >> 1) + (q & 1) : 4 * ((q - 8) >> 1) + 2 + (q & 1); }
 
-// xg[p, :] = BF16(src[perm[p] / div, :]) with columns permuted per 16-block (K % 16 == 0). grid (nk, ceil(K / 256)).
-__global__ void moe_gather_bf16_kernel(const float* src, int64_t K, const int32_t* perm, int div, uint16_t* xg) {
+// xg[p, :] = BF16(src[perm[p] / div, :]) for p < *end (= offsets[E]), columns permuted per 16-block (K % 16 == 0).
+// grid (nk, ceil(K / 256)).
+__global__ void moe_gather_bf16_kernel(const float* src, int64_t K, const int32_t* perm, const int32_t* end, int div,
+                                       uint16_t* xg) {
   pdl_wait();
   const int64_t p = blockIdx.x, q = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (q >= K) return;
+  if (q >= K || p >= *end) return;  // only the grouped slots (offsets[E]); the rest of perm is never read
   const int64_t row = perm[p] / div;
   const int64_t k = (q & ~int64_t{15}) + kperm16(static_cast<int>(q & 15));
   const float v = src[row * K + k];
@@ -53,7 +55,7 @@ __device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t b) {
 }
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&a), y = *reinterpret_cast<const __nv_bfloat162*>(&b);
-  const __nv_bfloat162 r = __hmul2(x, y);
+  const __nv_bfloat162 r = __hmul2_rn(x, y);  // exact here (a power of two times a BF16 value); _rn: never contracted
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const ui
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* stage = smem;                                                    // [S][A bytes | B bf16]
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kTc2Stages * kTc2StageBytes);  // [256]
-  uint8_t* scl = reinterpret_cast<uint8_t*>(lut + 256);                     // [kTc2Rows][K / 32]
+  uint8_t* scl = reinterpret_cast<uint8_t*>(lut + 256);                     // [K / 32][kTc2Rows]
   const int e = blockIdx.y;
   const int32_t beg = a.offsets[e], end = a.offsets[e + 1];
   if (beg == end) return;
@@ -91,10 +93,13 @@ __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const ui
     auto bf = [](uint32_t c) { return __float_as_uint(e2m1_value(c)) >> 16; };  // exact in BF16
     lut[i] = bf(i & 15u) | (bf(i >> 4) << 16);
   }
-  for (int64_t i = tid; i < kTc2Rows * sbk; i += kTc2Threads) {
+  // Scales transposed ([block][row]): the 8 rows a warp's fragments read per block are 8 adjacent bytes (one or two
+  // banks) instead of 8 bytes sbk apart (an 8-way conflict at K = 4096). Rows by warp, blocks by lane: coalesced
+  // global reads and no divisions.
+  for (int tr = warp; tr < kTc2Rows; tr += kTc2Threads / 32) {
     const uint8_t *w, *s;
-    wrow(static_cast<int>(i / sbk), w, s);
-    scl[i] = s[i % sbk];
+    wrow(tr, w, s);
+    for (int64_t c = lane; c < sbk; c += 32) scl[c * kTc2Rows + tr] = s[c];
   }
   // This thread's copies per stage: A: row tid / 2, 16-byte half tid % 2; B: slots tid / 8 and 32 + tid / 8, chunk
   // tid % 8 (16 bytes = 8 columns), stored at chunk ^ (slot & 7) so that ldmatrix reads hit 8 different bank groups.
@@ -128,6 +133,16 @@ __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const ui
       issue(ks + kTc2Stages - 1);
       const uint8_t* st = stage + (ks % kTc2Stages) * kTc2StageBytes;
       const uint8_t* bst = st + kTc2ABytes;
+      // This stage's two E8M0 blocks (columns 64 ks .. + 31, + 32 .. + 63) for the thread's 4 fragment rows.
+      uint32_t sc[2][2][2];  // [mt][hh][block]
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int tr = (GATE_UP ? mt * (kTc2Rows / 2) + 16 * wm : 32 * wm + 16 * mt) + g + 8 * hh;
+#pragma unroll
+          for (int bk = 0; bk < 2; ++bk) sc[mt][hh][bk] = e8m0_bf16x2(scl[(2 * static_cast<int64_t>(ks) + bk) * kTc2Rows + tr]);
+        }
 #pragma unroll
       for (int kk = 0; kk < kTc2K / 16; ++kk) {
         // Activation fragments of the warp's 4 n8 tiles (slots wn * 32 + 8 j ..): two ldmatrix.x4, each two tiles.
@@ -148,9 +163,9 @@ __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const ui
           for (int hh = 0; hh < 2; ++hh) {
             const int tr = base + g + 8 * hh;
             const uint32_t two = *reinterpret_cast<const uint16_t*>(st + tr * (kTc2K / 2) + 8 * kk + 2 * t);
-            const uint32_t sc = e8m0_bf16x2(scl[tr * sbk + (static_cast<int64_t>(ks) * kTc2K + 16 * kk) / 32]);
-            af[mt][hh] = bf16x2_mul(lut[two & 0xFFu], sc);       // columns 4t, 4t+1 -> stored 2t, 2t+1
-            af[mt][2 + hh] = bf16x2_mul(lut[two >> 8], sc);      // columns 4t+2, 4t+3 -> stored 2t+8, 2t+9
+            const uint32_t scv = sc[mt][hh][kk >> 1];            // 16-column block kk lies in 32-block kk / 2
+            af[mt][hh] = bf16x2_mul(lut[two & 0xFFu], scv);      // columns 4t, 4t+1 -> stored 2t, 2t+1
+            af[mt][2 + hh] = bf16x2_mul(lut[two >> 8], scv);     // columns 4t+2, 4t+3 -> stored 2t+8, 2t+9
           }
         }
 #pragma unroll

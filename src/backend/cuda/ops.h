@@ -294,6 +294,7 @@ struct ExpertArgs {
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);
 void set_moe_tc2(bool on);
+bool moe_tc2_enabled();
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_ring_shared_ok(const ExpertArgs& a);
 bool expert_gate_up_stages_x(const ExpertArgs& a);

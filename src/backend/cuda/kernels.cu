@@ -71,7 +71,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
 }  // namespace
 void set_pdl(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
 namespace {
-// Dependency-release tracing (trace_begin / trace_end): when g_trace_buf is set, thread 0 of block 0 of every kernel
+// Dependency-release tracing (trace_begin / trace_end): when g_trace_buf is set, one thread of block 0 of every kernel
 // stores %globaltimer right after its griddepcontrol.wait returns, i.e. when the previous kernel of the stream has
 // completed. In a linear stream the difference between consecutive kernels' stamps is the time each kernel adds to
 // the step's critical path, inside the real graph (PDL overlap and launch gaps included) -- unlike ncu, which
@@ -80,7 +80,9 @@ __device__ unsigned long long* g_trace_buf = nullptr;
 __device__ unsigned int g_trace_cap = 0;
 __device__ unsigned int g_trace_n = 0;
 __device__ __forceinline__ void trace_point() {
-  if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+  // The LAST thread of block 0 (1-D blocks): in single-block kernels warp 0 is often the serial chain (hc_finish,
+  // router), and the returning atomic would stall it.
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.y | threadIdx.z) != 0 || threadIdx.x != blockDim.x - 1) return;
   unsigned long long* buf = *static_cast<unsigned long long* volatile*>(&g_trace_buf);
   if (buf == nullptr) return;
   unsigned long long t;

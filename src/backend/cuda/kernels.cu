@@ -2204,6 +2204,8 @@ bool expert_down_stages_x(const ExpertArgs& a) {
 
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  // Checked first: every path but the decode ring launch would drop a fused shared expert.
+  if (a.shared13 && !expert_ring_shared_ok(a)) fail("expert_gate_up: a shared expert was passed but cannot be fused");
   if (a.qa8_x && !expert_gate_up_stages_x(a)) fail("expert_gate_up: qa8_x on a path that does not stage x");
   const int blk = fp4_block(a.fmt);
   if (expert_tc_ok(a, a.x)) {
@@ -2241,7 +2243,6 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (a.shared13 && !expert_ring_shared_ok(a)) fail("expert_gate_up: a shared expert was passed but cannot be fused");
   if (expert_ring_fits(a, ring_x_floats(a, true))) {  // decode: all k experts (and the shared one) through the ring
     const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, true)) * 4;
     const bool hs = a.shared13 != nullptr;
@@ -2298,6 +2299,7 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);
   if (expert_tc_ok(a, a.act_q)) {
@@ -2335,7 +2337,6 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (expert_ring_fits(a, ring_x_floats(a, false))) {  // decode: all k act rows (and the shared one) staged, ring
     const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, false)) * 4;
     const bool hs = a.shared2 != nullptr;

@@ -106,15 +106,16 @@ void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, doubl
   if (t.size() != K * static_cast<size_t>(n))
     fail("--trace-steps: ", t.size(), " stamps for ", n, " steps of ", K, " kernels: some kernel launched through "
          "kernels.cu does not call pdl_wait() (or a kernel ran outside the recording)");
-  // Per position in the step: median over replays of the gap to the next kernel's stamp (the last kernel: none).
-  std::vector<double> cost(K - 1);
+  // Per position in the step: mean over replays of the gap to the next kernel's stamp (the last kernel: none). Means,
+  // not medians: %globaltimer may tick in ~1 us steps, and a mean over replays resolves below the tick.
+  auto gap = [&](size_t a, size_t b) { return static_cast<double>(static_cast<int64_t>(t[b] - t[a])) * 1e-3; };
+  std::vector<double> cost(K - 1, 0.0);
   for (size_t i = 0; i + 1 < K; ++i) {
-    std::vector<double> d;
-    for (int r = 0; r < n; ++r) d.push_back(static_cast<double>(t[r * K + i + 1] - t[r * K + i]) * 1e-3);
-    cost[i] = median(d);
+    for (int r = 0; r < n; ++r) cost[i] += gap(r * K + i, r * K + i + 1);
+    cost[i] /= n;
   }
   std::vector<double> span;
-  for (int r = 0; r < n; ++r) span.push_back(static_cast<double>(t[r * K + K - 1] - t[r * K]) * 1e-3);
+  for (int r = 0; r < n; ++r) span.push_back(gap(r * K, r * K + K - 1));
   std::vector<std::string> order;
   std::map<std::string, std::pair<int, double>> agg;
   for (size_t i = 0; i + 1 < K; ++i) {
@@ -133,10 +134,16 @@ void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, doubl
     std::printf("    %9.1f %5.1f%% %5d %9.2f %9.2f  %s\n", us, 100.0 * us / total, c, us / c, us / layers,
                 nm.substr(0, 90).c_str());
   }
-  // One layer in order (the third: the first CSA layer of Flash), so the chain of a layer can be read.
-  const size_t per = (K - 1) / static_cast<size_t>(layers), from = std::min(K - 2, 2 * per);
-  std::printf("  layer 2 in launch order (us on the critical path):\n");
-  for (size_t i = from; i < std::min(K - 1, from + per); ++i) std::printf("    %7.2f  %s\n", cost[i], names[i].substr(0, 90).c_str());
+  // One layer in order (layer 2: Flash's first CSA layer), so the chain of a layer can be read. Layers are found by
+  // their mHC pre-mix kernels (two per layer: attention and FFN).
+  std::vector<size_t> mix;
+  for (size_t i = 0; i < K; ++i)
+    if (names[i].rfind("hc_mix_kernel", 0) == 0) mix.push_back(i);
+  if (layers >= 3 && mix.size() >= 6) {
+    const size_t from = mix[4], to = mix.size() > 6 ? mix[6] : K - 1;
+    std::printf("  layer 2 in launch order (us on the critical path, mean over replays):\n");
+    for (size_t i = from; i < std::min(K - 1, to); ++i) std::printf("    %7.2f  %s\n", cost[i], names[i].substr(0, 90).c_str());
+  }
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -171,7 +178,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   if (trace_steps > 0) {
     if (tp != 1) fail("--trace-steps: one GPU only (--tp 1)");
-    ::setenv("DSV4_MOE_FORK", "0", 1);  // read when the backend is made: one stream, so stamps follow launch order
+    ::setenv("DSV4_MOE_FORK", "0", 1);  // read at the first moe(): one stream, so stamps follow launch order
     std::fprintf(stderr, "[bench] --trace-steps: the shared expert runs on the main stream in this run\n");
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results survive a run killed by a time limit
@@ -205,7 +212,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   // Random prompt tokens (a fixed seed: runs are comparable).
   std::mt19937 rng(7);
   // Capacity: the single-sequence decode (2 x (steps + 2) + 3 profiled steps), then the batched steps (steps + 2).
-  const int64_t capacity = context + 4 * static_cast<int64_t>(steps) + 32;
+  const int64_t capacity = context + 4 * static_cast<int64_t>(steps) + 32 + trace_steps + 2 + profile_steps;
   std::vector<int32_t> ids(static_cast<size_t>(capacity));
   for (auto& t : ids) t = static_cast<int32_t>(rng() % 128000u + 100u);
   auto st = be->new_sequence(capacity);

@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
 // With the shared expert (sh: its FP8 w1|w3 pair for gate/up -- rows [0, I) w1, [I, 2I) w3 -- or its w2 for down;
 // has_sh), the kernel first walks the shared expert's tiles as slot k (act row k, y row k), exactly the ring GEMVs'
 // arithmetic on the same rows plus the SwiGLU epilogue of the routed slots with weight 1, i.e. what the separate
-// shared-expert kernels computed (ring path) in one launch fewer each. Its weights do not depend on the router, so
+// shared-expert kernels computed on the ring GEMVs (DSV4_GEMV_TC=0; by default those use the tensor-core GEMV, which
+// sums in another order: the fused result is the same function, not the same bits) in one launch fewer each. Its weights do not depend on the router, so
 // its first copies are issued before griddepcontrol.wait; the routed experts' table is read after it.
 template <int F, bool GATE_UP, typename C>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh) {
@@ -250,7 +251,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           if (t * kRingR + r < rows2) a.y[static_cast<int64_t>(k) * a.d + t * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
       }
     };
-    ring_walk<kFP8, kRingR, C::S, true>(gw, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
+    // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
+    // over every SM instead of the first ~64 blocks' warps.
+    const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
+    ring_walk<kFP8, kRingR, C::S, true>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
       if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
       else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
     });

@@ -71,7 +71,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
 }  // namespace
 void set_pdl(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
 namespace {
-// Dependency-release tracing (trace_begin / trace_end): when g_trace_buf is set, thread 0 of block 0 of every kernel
+// Dependency-release tracing (trace_begin / trace_end): when g_trace_buf is set, one thread of block 0 of every kernel
 // stores %globaltimer right after its griddepcontrol.wait returns, i.e. when the previous kernel of the stream has
 // completed. In a linear stream the difference between consecutive kernels' stamps is the time each kernel adds to
 // the step's critical path, inside the real graph (PDL overlap and launch gaps included) -- unlike ncu, which
@@ -80,7 +80,9 @@ __device__ unsigned long long* g_trace_buf = nullptr;
 __device__ unsigned int g_trace_cap = 0;
 __device__ unsigned int g_trace_n = 0;
 __device__ __forceinline__ void trace_point() {
-  if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+  // The LAST thread of block 0 (1-D blocks): in single-block kernels warp 0 is often the serial chain (hc_finish,
+  // router), and the returning atomic would stall it.
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.y | threadIdx.z) != 0 || threadIdx.x != blockDim.x - 1) return;
   unsigned long long* buf = *static_cast<unsigned long long* volatile*>(&g_trace_buf);
   if (buf == nullptr) return;
   unsigned long long t;
@@ -2278,6 +2280,8 @@ bool expert_down_stages_x(const ExpertArgs& a) {
 
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  // Checked first: every path but the decode ring launch would drop a fused shared expert.
+  if (a.shared13 && !expert_ring_shared_ok(a)) fail("expert_gate_up: a shared expert was passed but cannot be fused");
   if (a.qa8_x && !expert_gate_up_stages_x(a)) fail("expert_gate_up: qa8_x on a path that does not stage x");
   const int blk = fp4_block(a.fmt);
   if (expert_tc2_eligible(a, true)) {
@@ -2319,7 +2323,6 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (a.shared13 && !expert_ring_shared_ok(a)) fail("expert_gate_up: a shared expert was passed but cannot be fused");
   if (expert_ring_fits(a, ring_x_floats(a, true))) {  // decode: all k experts (and the shared one) through the ring
     const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, true)) * 4;
     const bool hs = a.shared13 != nullptr;
@@ -2376,6 +2379,7 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);
   if (expert_tc2_eligible(a, false)) {
@@ -2417,7 +2421,6 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (expert_ring_fits(a, ring_x_floats(a, false))) {  // decode: all k act rows (and the shared one) staged, ring
     const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, false)) * 4;
     const bool hs = a.shared2 != nullptr;

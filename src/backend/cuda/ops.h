@@ -321,7 +321,7 @@ void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, boo
 void set_pdl(bool allowed);
 // Decode tracing (dsv4 bench --trace-steps): trace_record_launches(true) remembers every kernel launched through
 // kernels.cu from then on (e.g. while a decode graph is captured), trace_launch_names() returns them demangled, in
-// launch order, and clears the list. trace_begin(capacity): from then on thread 0 of block 0 of every such kernel
+// launch order, and clears the list. trace_begin(capacity): from then on one thread of block 0 of every such kernel
 // stores %globaltimer (ns) when its dependency on the previous kernel is released (after griddepcontrol.wait);
 // trace_end() returns the stamps in that order (current device; throws if more than `capacity` were stamped).
 void trace_record_launches(bool on);

@@ -1685,6 +1685,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_ring.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/moe_tc2.cuh"
+#include "backend/cuda/expert_tc_dec.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2249,6 +2250,27 @@ static int64_t ring_x_floats(const ExpertArgs& a, bool gate_up) {
   const int64_t routed = gate_up ? a.d : static_cast<int64_t>(a.k) * a.I;
   return routed + (a.shared13 ? (gate_up ? a.d : a.I) : 0);
 }
+namespace {
+std::atomic<bool> g_expert_tc_on{[] {
+  const char* e = std::getenv("DSV4_EXPERT_TC");
+  return !(e && std::string(e) == "0");
+}()};
+size_t expert_tc_dec_smem(const ExpertArgs& a, bool gate_up) {
+  const int64_t K = gate_up ? a.d : a.I, rows = gate_up ? 1 : a.k;
+  return kEtRingBytes + static_cast<size_t>(rows * K) * 2 + static_cast<size_t>(rows * (K / 128)) * 4;
+}
+}  // namespace
+void set_expert_tc(bool on) { g_expert_tc_on.store(on, std::memory_order_relaxed); }
+// Decode MXFP4 experts on the tensor cores: one token, the activation quantized while staging (QA8: exact in f16),
+// whole 128-column blocks, 8-row (gate/up) / 16-row (down) tiles, byte scales in whole 4-byte words.
+bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up) {
+  const float* in = gate_up ? a.x : a.act_q;
+  return g_expert_tc_on.load(std::memory_order_relaxed) && a.n == 1 && !a.perm && a.fmt == WeightFormat::MXFP4 &&
+         (gate_up ? a.qa8_x : a.qa8_act) && !a.shared13 && !a.shared2 && a.k >= 1 && a.k <= kTilesMaxK && a.d % 128 == 0 && a.I % 128 == 0 &&
+         a.sb1 == a.d / 32 && a.sb2 == a.I / 32 && aligned16(in) &&
+         expert_tc_dec_smem(a, gate_up) + kTilesMaxK * sizeof(DevExpert) + 1024 <= smem_optin();
+}
+
 static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
   const int f = fmt_of(a.fmt);
   return g_ring_on.load(std::memory_order_relaxed) && a.n == 1 && a.k <= kTilesMaxK && (f == kFP8 || f == kFP4) &&
@@ -2320,6 +2342,13 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
       case kFP8: launch(expert_gate_up_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_gate_up_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
     }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (expert_tc_dec_eligible(a, true)) {  // decode, official: the tensor-core kernel (expert_tc_dec.cuh)
+    const size_t sm = expert_tc_dec_smem(a, true);
+    allow_smem(expert_tc_dec_kernel<true>, sm);
+    launch(expert_tc_dec_kernel<true>, sm_count(), kEtThreads, sm, s, a);
     DSV4_LAUNCHED();
     return;
   }
@@ -2418,6 +2447,13 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
       case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
     }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (expert_tc_dec_eligible(a, false)) {
+    const size_t sm = expert_tc_dec_smem(a, false);
+    allow_smem(expert_tc_dec_kernel<false>, sm);
+    launch(expert_tc_dec_kernel<false>, sm_count(), kEtThreads, sm, s, a);
     DSV4_LAUNCHED();
     return;
   }

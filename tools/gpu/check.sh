@@ -9,8 +9,9 @@
 # test_cuda tests (default: all but the CPU-only NoiseFloor.*); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
-# PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu). With 2+ GPUs the TP
-# tests are required to run.
+# PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
+# per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y" the 20-layer bench once per switch set to 0;
+# PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -132,10 +133,27 @@ if [ "$BENCH_SYNTH" != none ]; then
   done
 fi
 
-# PROFILE_DECODE=1: per-kernel GPU time of one Flash decode step (2 layers) under Nsight Compute, next to the step time.
+# PROFILE_DECODE=1: per-kernel GPU time of one Flash decode step (4 layers) under Nsight Compute, next to the step time.
 if [ -n "${PROFILE_DECODE:-}" ]; then
   step profile_decode 300 env OUT="$OUT/profile" "$ROOT/tools/gpu/profile_decode.sh" "$DSV4"
   cat "$OUT/profile/summary.txt" >> "$SUMMARY" 2>/dev/null
+fi
+
+# TRACE=1: each kernel's share of a real (graph-replayed) decode step, Flash 4 layers (dsv4 bench --trace-steps).
+if [ -n "${TRACE:-}" ]; then
+  step trace 180 "$DSV4" bench --synthetic flash --layers 4 --context 8192 --prompt 256 --trace-steps 30
+  grep -v '^\[bench\]' "$OUT/trace.log" | grep -v '^{' >> "$SUMMARY"
+fi
+
+# AB="VAR1 VAR2 ...": the 20-layer Flash bench (2K prompt) once per switch with VAR=0, after one with none of them.
+if [ -n "${AB:-}" ]; then
+  ab_line() { grep -E "per layer|prefill [0-9]+ tokens" "$1" | tr -s ' ' | tr '\n' ' '; }
+  step ab_base 150 "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
+  note "- A/B base: $(ab_line "$OUT/ab_base.log")"
+  for v in $AB; do
+    step "ab_$v" 150 env "$v=0" "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
+    note "- A/B $v=0: $(ab_line "$OUT/ab_$v.log")"
+  done
 fi
 
 # Every other CTest test (CPU reference, checkpoint, text, ...): the CUDA ones ran above, directly.
@@ -159,5 +177,11 @@ fi
 
 note ""
 note "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+# The device tool brings back only a few files: everything but the summary goes into one archive.
+if [ -n "${PACK:-}" ]; then
+  pack=$(mktemp /tmp/check_out.XXXXXX.tgz)
+  (cd "$OUT" && tar czf "$pack" --exclude=./summary.md . && find . -mindepth 1 -not -name summary.md -delete &&
+    mv "$pack" check_out.tgz) 2>/dev/null
+fi
 cat "$SUMMARY"
 exit $status

@@ -2180,6 +2180,13 @@ size_t expert_tc_dec_smem(const ExpertArgs& a, bool gate_up) {
 }
 }  // namespace
 void set_expert_tc(bool on) { g_expert_tc_on.store(on, std::memory_order_relaxed); }
+// One warp takes a whole tile (8 intermediate rows or 16 output rows of one slot, all of K): only worth it when the
+// tiles fill between half and all of the resident warps once (Flash at one GPU: 1536 of 2112 for both launches;
+// under TP2 gate/up has 768, and Pro 2304 / 2688: two rounds for some warps). Otherwise the ring kernels.
+static bool tc_dec_balanced(const ExpertArgs& a, bool gate_up) {
+  const int64_t tiles = (gate_up ? a.I / 8 : a.d / 16) * a.k, warps = static_cast<int64_t>(sm_count()) * kEtWarps;
+  return 2 * tiles >= warps && tiles <= warps;
+}
 // Decode MXFP4 experts on the tensor cores: one token, the activation quantized while staging (QA8: exact in f16),
 // whole 128-column blocks, 8-row (gate/up) / 16-row (down) tiles, byte scales in whole 4-byte words.
 bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up) {
@@ -2187,7 +2194,7 @@ bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up) {
   return g_expert_tc_on.load(std::memory_order_relaxed) && a.n == 1 && !a.perm && a.fmt == WeightFormat::MXFP4 &&
          (gate_up ? a.qa8_x : a.qa8_act) && a.k >= 1 && a.k <= kTilesMaxK && a.d % 128 == 0 && a.I % 128 == 0 &&
          a.sb1 == a.d / 32 && a.sb2 == a.I / 32 && aligned16(in) &&
-         expert_tc_dec_smem(a, gate_up) + kTilesMaxK * sizeof(DevExpert) + 1024 <= smem_optin();
+         expert_tc_dec_smem(a, gate_up) + kTilesMaxK * sizeof(DevExpert) + 1024 <= smem_optin() && tc_dec_balanced(a, gate_up);
 }
 
 static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {

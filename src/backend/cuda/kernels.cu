@@ -944,12 +944,11 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
   int per = 1;
   while (per < 32 && per * 2 * kk <= static_cast<int>(blockDim.x)) per *= 2;
   const int part = static_cast<int>(threadIdx.x) % per, groups = static_cast<int>(blockDim.x) / per;
-  const int lo = part * kk / per, hi = (part + 1) * kk / per;
   for (int jb = 0; jb < kk; jb += groups) {
     const int j = jb + static_cast<int>(threadIdx.x) / per;
     const unsigned long long c = j < kk ? cand[j] : ~0ull;
     int rank = 0;
-    for (int i = lo; i < hi; ++i) rank += cand[i] > c;
+    for (int i = part; i < kk; i += per) rank += cand[i] > c;  // interleaved: the group's lanes read adjacent entries
     for (int o = 1; o < per; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
     if (j < kk && part == 0) out[rank] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull));
   }

@@ -756,11 +756,15 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
 // Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)); each thread
 // streams its key row in float4 pieces and keeps the group's per-head dot products in registers while the queries are
 // read from shared memory as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the
-// groups in order) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each
+// partials in order, see kIdxParts) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each
 // block re-stages the token's 32 KB of queries; KEYS = 16 (16 groups of <= 4 heads) for decode, where 64 keys per
 // block left a 2K-entry cache on 33 blocks of 132 SMs (ncu: 28 us per CSA layer).
 constexpr int kIdxMaxHeads = 64;
 
+// The double sum over heads is always 16 partial sums of 4 consecutive heads each (heads 4q .. 4q + 3 -> partial q),
+// added in order: the same association for KEYS = 16 (a partial per thread) and KEYS = 64 (four per thread), so
+// decode and prefill give the same bits (KEYS = 16 is used only with 64 heads, where its groups are those partials).
+constexpr int kIdxParts = 16;
 template <int KEYS>
 __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
@@ -772,7 +776,9 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     n_keys = (pos0 + gridDim.y) / ratio;
   }
   extern __shared__ __align__(16) float qs[];  // heads * Di, then heads weights
-  __shared__ double part[kGroups][KEYS];
+  constexpr int kPer = (kGroupHeads + 3) / 4;  // partials per thread
+  static_assert(kGroups * kPer == kIdxParts, "16 partials of 4 heads");
+  __shared__ double part[kIdxParts][KEYS];
   const int t = blockIdx.y;
   const int nq = heads * static_cast<int>(Di);
   for (int i = threadIdx.x; i < nq; i += blockDim.x) qs[i] = q[static_cast<int64_t>(t) * nq + i];
@@ -785,7 +791,9 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
   const bool live = key < ld && key < visible && key < n_keys;
   const int hpg = (heads + kGroups - 1) / kGroups, h0 = grp * hpg, hn = min(hpg, heads - h0);
   const int Di4 = static_cast<int>(Di / 4);
-  double s = 0.0;
+  double s[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) s[u] = 0.0;
   if (live && hn > 0) {
     float acc[kGroupHeads];
 #pragma unroll
@@ -805,16 +813,17 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     const float qscale = 1.0f / sqrtf(static_cast<float>(Di));
 #pragma unroll
     for (int h = 0; h < kGroupHeads; ++h)
-      if (h < hn && acc[h] > 0) s += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
+      if (h < hn && acc[h] > 0) s[h / 4] += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
   }
-  part[grp][kl] = s;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) part[grp * kPer + u][kl] = s[u];
   __syncthreads();
   if (threadIdx.x < KEYS && key < ld) {
     float sf = -INFINITY;
     if (live) {
       double sum = part[0][kl];
 #pragma unroll
-      for (int g = 1; g < kGroups; ++g) sum += part[g][kl];
+      for (int g = 1; g < kIdxParts; ++g) sum += part[g][kl];
       sf = static_cast<float>(sum);
       if (official) sf = bf16r(sf);
     }
@@ -2065,7 +2074,7 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
     fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", kIdxMaxHeads);
   if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
   const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
-  if (n == 1) {  // decode: 4x the blocks (the queries are staged once per block; one token's are 32 KB)
+  if (n == 1 && heads == kIdxMaxHeads) {  // decode: 4x the blocks (queries staged per block; one token's are 32 KB)
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);
     launch(indexer_scores_v2<16>, dim3(blocks_for(ld, 16), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
            official, scores, ld, dpos);

@@ -34,12 +34,14 @@ def run(GATE_UP, d=256, I=64, k=2):
             return ((0 if r < 8 else 1), 8 * rt + (r & 7)) if GATE_UP else (0, 16 * rt + r)
         acc = np.zeros((32, 2))
         for lk in range(ks):
-            slotw = {}
-            for lane in range(32):  # lane copies pieces lane and lane + 32: row p // 4, chunk 4 lk + lane % 4
-                for p in (lane, lane + 32):
-                    m, r = rows_of(p // 4)
+            slotw = {}  # by position: piece (row, c) stored at 4 row + (c ^ ((row >> 1) & 3)) (the kernel's swizzle)
+            pos = lambda row, c: 4 * row + (c ^ ((row >> 1) & 3))
+            for lane in range(32):  # lane copies rows lane // 4 and lane // 4 + 8, chunk 4 lk + lane % 4
+                for row in (lane >> 2, (lane >> 2) + 8):
+                    m, r = rows_of(row)
                     chunk = 4 * lk + (lane & 3)
-                    slotw[p] = W[j][m][r, chunk * 16:(chunk + 1) * 16]
+                    slotw[pos(row, lane & 3)] = W[j][m][r, chunk * 16:(chunk + 1) * 16]
+            assert len(slotw) == 64
             slots = {}
             for lane in range(16):  # lanes < 16: the 4 scale bytes (chunks 4 lk ..) of tile row lane
                 m, r = rows_of(lane)
@@ -51,8 +53,13 @@ def run(GATE_UP, d=256, I=64, k=2):
                 Bm = [np.zeros((16, 8)), np.zeros((16, 8))]
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
-                    wg = int.from_bytes(bytes(slotw[g * 4 + c][4 * t:4 * t + 4]), 'little')
-                    wg8 = int.from_bytes(bytes(slotw[(g + 8) * 4 + c][4 * t:4 * t + 4]), 'little')
+                    wg = int.from_bytes(bytes(slotw[pos(g, c)][4 * t:4 * t + 4]), 'little')
+                    wg8 = int.from_bytes(bytes(slotw[pos(g + 8, c)][4 * t:4 * t + 4]), 'little')
+                    # bank check: the 32 lanes' words of one chunk column land in 32 distinct banks
+                    if lane == 31:
+                        for rr in (0, 8):
+                            banks = {((pos(gg + rr, c) * 16 + 4 * tt) // 4) % 32 for gg in range(8) for tt in range(4)}
+                            assert len(banks) == 32, "bank conflict"
                     regs = [[f16pair(wg), f16pair(wg8), f16pair(wg >> 4), f16pair(wg8 >> 4)],
                             [f16pair(wg >> 8), f16pair(wg8 >> 8), f16pair(wg >> 12), f16pair(wg8 >> 12)]]
                     xb = xrow[32 * c + 8 * t: 32 * c + 8 * t + 8] if g == 0 else np.zeros(8)

@@ -93,11 +93,14 @@ __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs
     if (lane < 16) rows_of(lt, lane, s0, ls);
   };
   if (steps > 0) load_rows();
+  // Piece (row r, chunk c) sits at 16 * (4 r + (c ^ ((r >> 1) & 3))): the 32 lanes' 4-byte reads of one chunk column
+  // (rows g, words t) then hit 32 different banks (unswizzled: 4-way conflicts on every read).
+  auto piece = [](int r, int c) { return 16 * (4 * r + (c ^ ((r >> 1) & 3))); };
   auto issue = [&]() {
     uint8_t* slot = ring + lslot * kEtStep;
     const int64_t off = static_cast<int64_t>(lk) * 64 + (lane & 3) * 16;  // chunk 4 lk + lane % 4
-    cp_async16(slot + lane * 16, lw0 + off);
-    cp_async16(slot + (lane + 32) * 16, lw1 + off);
+    cp_async16(slot + piece(lane >> 2, lane & 3), lw0 + off);
+    cp_async16(slot + piece((lane >> 2) + 8, lane & 3), lw1 + off);
     if (lane < 16) cp_async4(slot + kEtStepW + lane * 4, ls + 4 * lk);
     lslot = lslot + 1 == kEtS ? 0 : lslot + 1;
     if (++lk == ks) {
@@ -119,6 +122,7 @@ __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs
   __syncthreads();
   int64_t ct = gw;
   int ck = 0, cslot = 0;
+  int j = static_cast<int>(ct / per_slot);  // the compute tile's slot (updated when the tile changes)
   float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8, column 0 (lanes t == 0)
   for (int64_t st = 0; st < steps; ++st) {
     __syncwarp();  // every lane is done reading the slot the next copies overwrite (read in the previous step)
@@ -127,15 +131,14 @@ __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs
     cp_async_wait<kEtS - 1>();
     __syncwarp();  // other lanes' copies of this step are read below
     const uint8_t* slot = ring + cslot * kEtStep;
-    const int j = static_cast<int>(ct / per_slot);
     const __half* xrow = xq + (GATE_UP ? 0 : static_cast<int64_t>(j) * a.I) + static_cast<int64_t>(ck) * 128;
-    const float xs = xsc[(GATE_UP ? 0 : j * (a.I / 128)) + ck];
+    const float xs = xsc[(GATE_UP ? 0 : j * (a.I / 128)) + ck] * 16384.0f;  // with the E2M1 pairs' 2^14
     const uint32_t sg = *reinterpret_cast<const uint32_t*>(slot + kEtStepW + g * 4);
     const uint32_t sg8 = *reinterpret_cast<const uint32_t*>(slot + kEtStepW + (g + 8) * 4);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint32_t wg = *reinterpret_cast<const uint32_t*>(slot + (g * 4 + c) * 16 + 4 * t);
-      const uint32_t wg8 = *reinterpret_cast<const uint32_t*>(slot + ((g + 8) * 4 + c) * 16 + 4 * t);
+      const uint32_t wg = *reinterpret_cast<const uint32_t*>(slot + piece(g, c) + 4 * t);
+      const uint32_t wg8 = *reinterpret_cast<const uint32_t*>(slot + piece(g + 8, c) + 4 * t);
       uint4 xb = make_uint4(0u, 0u, 0u, 0u);
       if (g == 0) xb = *reinterpret_cast<const uint4*>(xrow + 32 * c + 8 * t);
       float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -143,8 +146,8 @@ __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs
       mma_f16_16816(cc, a1, xb.x, xb.y);
       const uint32_t a2[4] = {e2m1x2_f16x2(wg >> 8), e2m1x2_f16x2(wg8 >> 8), e2m1x2_f16x2(wg >> 12), e2m1x2_f16x2(wg8 >> 12)};
       mma_f16_16816(cc, a2, xb.z, xb.w);
-      const float f0 = e8m0_dev((sg >> (8 * c)) & 0xFFu) * xs * 16384.0f;
-      const float f8 = e8m0_dev((sg8 >> (8 * c)) & 0xFFu) * xs * 16384.0f;
+      const float f0 = e8m0_dev((sg >> (8 * c)) & 0xFFu) * xs;
+      const float f8 = e8m0_dev((sg8 >> (8 * c)) & 0xFFu) * xs;
       acc0 = fmaf(cc[0], f0, acc0);
       acc8 = fmaf(cc[2], f8, acc8);
     }
@@ -166,6 +169,7 @@ __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs
       acc0 = acc8 = 0.0f;
       ck = 0;
       ct += nw;
+      if (ct < ntiles) j = static_cast<int>(ct / per_slot);
     }
   }
   cp_async_wait<0>();

@@ -785,11 +785,15 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
 // Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)); each thread
 // streams its key row in float4 pieces and keeps the group's per-head dot products in registers while the queries are
 // read from shared memory as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the
-// groups in order) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each
+// partials in order, see kIdxParts) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each
 // block re-stages the token's 32 KB of queries; KEYS = 16 (16 groups of <= 4 heads) for decode, where 64 keys per
 // block left a 2K-entry cache on 33 blocks of 132 SMs (ncu: 28 us per CSA layer).
 constexpr int kIdxMaxHeads = 64;
 
+// The double sum over heads is always 16 partial sums of 4 consecutive heads each (heads 4q .. 4q + 3 -> partial q),
+// added in order: the same association for KEYS = 16 (a partial per thread) and KEYS = 64 (four per thread), so
+// decode and prefill give the same bits (KEYS = 16 is used only with 64 heads, where its groups are those partials).
+constexpr int kIdxParts = 16;
 template <int KEYS>
 __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
@@ -801,7 +805,9 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     n_keys = (pos0 + gridDim.y) / ratio;
   }
   extern __shared__ __align__(16) float qs[];  // heads * Di, then heads weights
-  __shared__ double part[kGroups][KEYS];
+  constexpr int kPer = (kGroupHeads + 3) / 4;  // partials per thread
+  static_assert(kGroups * kPer == kIdxParts, "16 partials of 4 heads");
+  __shared__ double part[kIdxParts][KEYS];
   const int t = blockIdx.y;
   const int nq = heads * static_cast<int>(Di);
   for (int i = threadIdx.x; i < nq; i += blockDim.x) qs[i] = q[static_cast<int64_t>(t) * nq + i];
@@ -814,7 +820,9 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
   const bool live = key < ld && key < visible && key < n_keys;
   const int hpg = (heads + kGroups - 1) / kGroups, h0 = grp * hpg, hn = min(hpg, heads - h0);
   const int Di4 = static_cast<int>(Di / 4);
-  double s = 0.0;
+  double s[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) s[u] = 0.0;
   if (live && hn > 0) {
     float acc[kGroupHeads];
 #pragma unroll
@@ -834,16 +842,17 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     const float qscale = 1.0f / sqrtf(static_cast<float>(Di));
 #pragma unroll
     for (int h = 0; h < kGroupHeads; ++h)
-      if (h < hn && acc[h] > 0) s += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
+      if (h < hn && acc[h] > 0) s[h / 4] += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
   }
-  part[grp][kl] = s;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) part[grp * kPer + u][kl] = s[u];
   __syncthreads();
   if (threadIdx.x < KEYS && key < ld) {
     float sf = -INFINITY;
     if (live) {
       double sum = part[0][kl];
 #pragma unroll
-      for (int g = 1; g < kGroups; ++g) sum += part[g][kl];
+      for (int g = 1; g < kIdxParts; ++g) sum += part[g][kl];
       sf = static_cast<float>(sum);
       if (official) sf = bf16r(sf);
     }
@@ -979,12 +988,11 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
   int per = 1;
   while (per < 32 && per * 2 * kk <= static_cast<int>(blockDim.x)) per *= 2;
   const int part = static_cast<int>(threadIdx.x) % per, groups = static_cast<int>(blockDim.x) / per;
-  const int lo = part * kk / per, hi = (part + 1) * kk / per;
   for (int jb = 0; jb < kk; jb += groups) {
     const int j = jb + static_cast<int>(threadIdx.x) / per;
     const unsigned long long c = j < kk ? cand[j] : ~0ull;
     int rank = 0;
-    for (int i = lo; i < hi; ++i) rank += cand[i] > c;
+    for (int i = part; i < kk; i += per) rank += cand[i] > c;  // interleaved: the group's lanes read adjacent entries
     for (int o = 1; o < per; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
     if (j < kk && part == 0) out[rank] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull));
   }
@@ -2100,7 +2108,7 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
     fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", kIdxMaxHeads);
   if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
   const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
-  if (n == 1) {  // decode: 4x the blocks (the queries are staged once per block; one token's are 32 KB)
+  if (n == 1 && heads == kIdxMaxHeads) {  // decode: 4x the blocks (queries staged per block; one token's are 32 KB)
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);
     launch(indexer_scores_v2<16>, dim3(blocks_for(ld, 16), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
            official, scores, ld, dpos);
@@ -2261,6 +2269,13 @@ size_t expert_tc_dec_smem(const ExpertArgs& a, bool gate_up) {
 }
 }  // namespace
 void set_expert_tc(bool on) { g_expert_tc_on.store(on, std::memory_order_relaxed); }
+// One warp takes a whole tile (8 intermediate rows or 16 output rows of one slot, all of K): only worth it when the
+// tiles fill between half and all of the resident warps once (Flash at one GPU: 1536 of 2112 for both launches;
+// under TP2 gate/up has 768, and Pro 2304 / 2688: two rounds for some warps). Otherwise the ring kernels.
+static bool tc_dec_balanced(const ExpertArgs& a, bool gate_up) {
+  const int64_t tiles = (gate_up ? a.I / 8 : a.d / 16) * a.k, warps = static_cast<int64_t>(sm_count()) * kEtWarps;
+  return 2 * tiles >= warps && tiles <= warps;
+}
 // Decode MXFP4 experts on the tensor cores: one token, the activation quantized while staging (QA8: exact in f16),
 // whole 128-column blocks, 8-row (gate/up) / 16-row (down) tiles, byte scales in whole 4-byte words.
 bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up) {
@@ -2268,7 +2283,7 @@ bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up) {
   return g_expert_tc_on.load(std::memory_order_relaxed) && a.n == 1 && !a.perm && a.fmt == WeightFormat::MXFP4 &&
          (gate_up ? a.qa8_x : a.qa8_act) && !a.shared13 && !a.shared2 && a.k >= 1 && a.k <= kTilesMaxK && a.d % 128 == 0 && a.I % 128 == 0 &&
          a.sb1 == a.d / 32 && a.sb2 == a.I / 32 && aligned16(in) &&
-         expert_tc_dec_smem(a, gate_up) + kTilesMaxK * sizeof(DevExpert) + 1024 <= smem_optin();
+         expert_tc_dec_smem(a, gate_up) + kTilesMaxK * sizeof(DevExpert) + 1024 <= smem_optin() && tc_dec_balanced(a, gate_up);
 }
 
 static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {

@@ -100,7 +100,7 @@ class DevHeap {
     const size_t es = fp4 ? 1 : 4;  // FP4 scales stay bytes, FP8 scales are fp32
     uint8_t* sc = nullptr;
     if (sa + sbc > 0) {
-      sc = static_cast<uint8_t*>(alloc((sa + sbc) * es));
+      sc = static_cast<uint8_t*>(alloc(((sa + sbc) * es + 15) / 16 * 16));  // 16-byte rounding: see upload_linear
       DSV4_CU(cudaMemcpy(sc, a.scales(), sa * es, cudaMemcpyDeviceToDevice));
       DSV4_CU(cudaMemcpy(sc + sa * es, b.scales(), sbc * es, cudaMemcpyDeviceToDevice));
     }

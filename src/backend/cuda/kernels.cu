@@ -1725,9 +1725,9 @@ constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 1024;
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
 // FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)
 // but has no op test at real shapes yet: it keeps the v3 kernels.
-bool ring_format_ok(WeightFormat f, int64_t sb) {
+bool ring_format_ok(WeightFormat f, int64_t /*sb*/) {
   const int k = fmt_of(f);
-  return k == kFP8 || k == kBF16 || (k == kFP4 && f == WeightFormat::MXFP4 && sb >= 0);
+  return k == kFP8 || k == kBF16 || (k == kFP4 && f == WeightFormat::MXFP4);
 }
 
 // v3 (activation staged in shared memory) unless DSV4_GEMV=v2 (A/B measurements) or the row does not fit the budget.
@@ -1801,7 +1801,9 @@ DevLinear upload_linear(const LinearRef& r) {
     }
     if (r.fmt == WeightFormat::NVFP4) l.scale2 = host_scale(*r.scale2, 0, r);
     void* s8 = nullptr;
-    DSV4_CU(cudaMalloc(&s8, static_cast<size_t>(count)));
+    // Rounded up to 16 bytes: the ring kernels copy the aligned 4-byte word holding a scale byte (gemv_ring.cuh
+    // scale_word), which for the last bytes of an odd-sized array reaches past `count`.
+    DSV4_CU(cudaMalloc(&s8, (static_cast<size_t>(count) + 15) / 16 * 16));
     DSV4_CU(cudaMemcpy(s8, r.scale->data, static_cast<size_t>(count), cudaMemcpyHostToDevice));
     l.scale8 = static_cast<const uint8_t*>(s8);
   }
@@ -1855,6 +1857,7 @@ void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
 // numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
   return g_tc_gemv_on.load(std::memory_order_relaxed) && a.n == 1 && a.qa8_x && a.group_rows == 0 &&
+         gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) &&
          fmt_of(W.fmt) == kFP8 && W.out % 16 == 0 && W.out >= 1024 && W.in % 128 == 0 && aligned16(W.w) &&
          aligned16(a.x) && tc_gemv_smem(W.in) <= smem_optin();
 }
@@ -1896,6 +1899,8 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (gemv_tc_eligible(W, a)) {
     int wpt = kTcgWarps;
     while (wpt > 1 && wpt > W.in / 128) wpt /= 2;
+    // Every warp needs >= 1 K block (its barriers are counted per block step): the kernel relies on wpt <= KB.
+    if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
     const size_t sm = tc_gemv_smem(W.in);
@@ -2252,7 +2257,7 @@ void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* per
   DSV4_LAUNCHED();
 }
 
-// Decode experts through the ring (FP8 / MXFP4 / NVFP4 with even scale strides; staged rows x_floats must fit).
+// Decode experts through the ring (FP8 / MXFP4; staged rows x_floats must fit).
 // The activation floats a decode ring launch stages: the routed rows, plus the shared expert's row when it is fused.
 static int64_t ring_x_floats(const ExpertArgs& a, bool gate_up) {
   const int64_t routed = gate_up ? a.d : static_cast<int64_t>(a.k) * a.I;

@@ -31,24 +31,6 @@ __device__ __forceinline__ uint32_t e2m1x2_f16x2(uint32_t w) {  // nibbles 0 and
   return ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
 }
 
-// QA8 of x[0, K) as f16 values q (8-column order 0,4,1,5,2,6,3,7) and per-128 scales s (x = q * s exactly).
-__device__ __forceinline__ void stage_x_qa8_f16_perm8(const float* __restrict__ x, int64_t K, __half* xq, float* xsc) {
-  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int64_t b = threadIdx.x >> 5; b < K / 128; b += nw) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(x) + b * 32 + lane);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;
-    auto q = [inv](float p) {
-      const __nv_fp8_storage_t e = __nv_cvt_float_to_fp8(fminf(fmaxf(p * inv, -448.0f), 448.0f), __NV_SATFINITE, __NV_E4M3);
-      return __nv_cvt_fp8_to_halfraw(e, __NV_E4M3).x;
-    };
-    // This lane's 4 columns are e = 4 * (lane & 1) + 0..3 of 8-group lane / 2: stored at 2e (e < 4) or 2(e - 4) + 1.
-    unsigned short* g8 = reinterpret_cast<unsigned short*>(xq + b * 128 + (lane >> 1) * 8) + (lane & 1);
-    g8[0] = q(v.x), g8[2] = q(v.y), g8[4] = q(v.z), g8[6] = q(v.w);
-    if (lane == 0) xsc[b] = s;
-  }
-}
-
 template <bool GATE_UP>
 __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs a) {
   pdl_wait();
@@ -115,9 +97,9 @@ __global__ void __launch_bounds__(kEtThreads, 1) expert_tc_dec_kernel(ExpertArgs
     cp_async_commit();
   }
   if (GATE_UP) {
-    stage_x_qa8_f16_perm8(a.x, a.d, xq, xsc);
+    stage_x_qa8_f16<true>(a.x, a.d, xq, xsc);
   } else {
-    for (int j = 0; j < k; ++j) stage_x_qa8_f16_perm8(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xq + j * a.I, xsc + j * (a.I / 128));
+    for (int j = 0; j < k; ++j) stage_x_qa8_f16<true>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xq + j * a.I, xsc + j * (a.I / 128));
   }
   __syncthreads();
   int64_t ct = gw;

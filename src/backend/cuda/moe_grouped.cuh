@@ -170,6 +170,40 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Epilogue of the grouped tensor-core kernels (expert_tc_grouped, expert_tc2): the warp's accumulators acc[mt][j]
+// (two 16-row MMA tiles x four 8-slot tiles; c[2h + q] = row g + 8h, column 2t + q) stored for the slots col0 + 8j +
+// 2t + q < ns of tile s0. row_of(mt, h) is the absolute weight row of tile mt's row g + 8h; gate/up: tile 0 holds w1
+// (g) and tile 1 w3 (u) of the same rows.
+template <bool GATE_UP, typename RowOf>
+__device__ __forceinline__ void tc_grouped_store(const ExpertArgs& a, const float (&acc)[2][4][4], int32_t s0, int ns,
+                                                 int col0, int t, int64_t R, RowOf row_of) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int sl = col0 + j * 8 + 2 * t + q;
+        if (sl >= ns) continue;
+        const int slot = a.perm[s0 + sl];
+        if (GATE_UP) {
+          const int64_t r = row_of(0, h);
+          if (r >= R) continue;
+          float g = acc[0][j][2 * h + q], u = acc[1][j][2 * h + q];
+          if (a.official) g = bf16r(g), u = bf16r(u);
+          a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(g, u, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
+        } else {
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            const int64_t r = row_of(m, h);
+            if (r >= R) continue;
+            const float y = acc[m][j][2 * h + q];
+            a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
+          }
+        }
+      }
+}
+
 // GATE_UP: grid (ceil(I / 32), E), act[slot, r] = SwiGLU(w1 x, w3 x) * wts[slot];
 // down: grid (ceil(d / 64), E), y[slot, r] = w2[r, :] . act_q[slot, :].
 template <int F, bool GATE_UP>
@@ -237,31 +271,8 @@ __global__ void __launch_bounds__(128) expert_tc_grouped(ExpertArgs a, int blk) 
       }
       __syncthreads();
     }
-    // C fragment: c[2h + q] is (row gid + 8h, column 2 tig + q) of the 16x8 tile.
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int sl = wc * 32 + j * 8 + 2 * tig + q;
-          if (sl >= ns) continue;
-          const int slot = a.perm[s0 + sl];
-          if (GATE_UP) {
-            const int64_t r = r0 + wr * 16 + gid + 8 * h;
-            if (r >= R) continue;
-            float g = acc[0][j][2 * h + q], u = acc[1][j][2 * h + q];
-            if (a.official) g = bf16r(g), u = bf16r(u);
-            a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(g, u, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
-          } else {
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-              const int64_t r = r0 + (m ? m1 : m0) + gid + 8 * h;
-              if (r >= R) continue;
-              const float y = acc[m][j][2 * h + q];
-              a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
-            }
-          }
-        }
+    tc_grouped_store<GATE_UP>(a, acc, s0, ns, wc * 32, tig, R, [&](int m, int h) {
+      return GATE_UP ? r0 + wr * 16 + gid + 8 * h : r0 + (m ? m1 : m0) + gid + 8 * h;
+    });
   }
 }

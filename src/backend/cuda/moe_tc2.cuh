@@ -175,31 +175,8 @@ __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const ui
       }
     }
     cp_async_wait<0>();
-    // C fragment: c[2h + q] is (row g + 8h, column 2t + q) of the 16x8 tile.
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int sl = wn * 32 + j * 8 + 2 * t + q;
-          if (sl >= ns) continue;
-          const int slot = a.perm[s0 + sl];
-          if (GATE_UP) {
-            const int64_t r = r0 + 16 * wm + g + 8 * h;
-            if (r >= R) continue;
-            float gv = acc[0][j][2 * h + q], uv = acc[1][j][2 * h + q];
-            if (a.official) gv = bf16r(gv), uv = bf16r(uv);
-            a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              const int64_t r = r0 + 32 * wm + 16 * mt + g + 8 * h;
-              if (r >= R) continue;
-              const float y = acc[mt][j][2 * h + q];
-              a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
-            }
-          }
-        }
+    tc_grouped_store<GATE_UP>(a, acc, s0, ns, wn * 32, t, R, [&](int mt, int h) {
+      return GATE_UP ? r0 + 16 * wm + g + 8 * h : r0 + 32 * wm + 16 * mt + g + 8 * h;
+    });
   }
 }

@@ -183,7 +183,6 @@ TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
   for (Numerics nm : {Numerics::Reference, Numerics::Official}) {
     cuda::set_prefill_gemm(nm == Numerics::Reference);
     cuda::set_gemv_tc(nm == Numerics::Reference);
-    cuda::set_expert_tc(nm == Numerics::Reference);  // (reference numerics never take it: no QA8)
     std::vector<float> one, two, two_chunked, two_decode, cpu;
     {
       Model m1(dir, make_cuda_backend(), nm);
@@ -224,7 +223,6 @@ TEST_P(TpTiny, Tp2MatchesTp1AndDecodeMatchesPrefill) {
   }
   cuda::set_prefill_gemm(true);
   cuda::set_gemv_tc(true);
-  cuda::set_expert_tc(true);
   std::filesystem::remove_all(dir);
 }
 

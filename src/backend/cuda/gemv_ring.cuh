@@ -193,11 +193,11 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
 // once. down: tile = R output rows of slot j; all k act rows staged.
 //
 // With the shared expert (sh: its FP8 w1|w3 pair for gate/up -- rows [0, I) w1, [I, 2I) w3 -- or its w2 for down;
-// has_sh), the kernel first walks the shared expert's tiles as slot k (act row k, y row k), exactly the ring GEMVs'
+// has_sh), the kernel also walks the shared expert's tiles as slot k (act row k, y row k), exactly the ring GEMVs'
 // arithmetic on the same rows plus the SwiGLU epilogue of the routed slots with weight 1, i.e. what the separate
 // shared-expert kernels computed on the ring GEMVs (DSV4_GEMV_TC=0; by default those use the tensor-core GEMV, which
-// sums in another order: the fused result is the same function, not the same bits) in one launch fewer each. Its weights do not depend on the router, so
-// its first copies are issued before griddepcontrol.wait; the routed experts' table is read after it.
+// sums in another order: the fused result is the same function, not the same bits) in one launch fewer each. Which
+// walk goes first (and has its copies issued before griddepcontrol.wait) is explained at the walks below.
 template <int F, bool GATE_UP, typename C>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
@@ -207,7 +207,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   float* xs = reinterpret_cast<float*>(smem + kRingBytes);
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
-  if (has_sh) {
+  // The shared expert's walk (has_sh); PRE: its first copies are issued before griddepcontrol.wait (ring_walk).
+  auto walk_shared = [&](auto pre) {
+    constexpr bool PRE = decltype(pre)::value;
     float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);  // after the routed rows' staging
     const int64_t K2 = GATE_UP ? a.d : a.I, rows2 = GATE_UP ? a.I : a.d;
     const int64_t nt2 = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR;
@@ -254,14 +256,21 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
     // over every SM instead of the first ~64 blocks' warps.
     const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
-    ring_walk<kFP8, kRingR, C::S, true>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
+    ring_walk<kFP8, kRingR, C::S, PRE>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
       if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
       else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
     });
-  } else {
-    pdl_wait();
+  };
+  // gate/up: the routed experts are known only once the router (the previous kernel) is done, so the shared expert
+  // goes first, its copies issued before griddepcontrol.wait. down: the router finished before gate/up passed its own
+  // wait, and this grid is launched only after every gate/up block passed it (launch_dependents follows the wait), so
+  // the selection is already final here: the routed tiles go first and THEIR copies overlap gate/up's tail (half of a
+  // down warp's 6 chunk-steps for Flash). The selection is read through L2 (__ldcg), past any older L1 line.
+  if constexpr (GATE_UP) {
+    if (has_sh) walk_shared(std::true_type{});
+    else pdl_wait();
   }
-  if (threadIdx.x < k) ex[threadIdx.x] = a.table[a.sel[threadIdx.x]];  // one token: slots 0..k-1
+  if (threadIdx.x < k) ex[threadIdx.x] = a.table[__ldcg(a.sel + threadIdx.x)];  // one token: slots 0..k-1
   __syncthreads();
   const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
   const int64_t per_slot = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
@@ -312,7 +321,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         if (rt * kRingR + r < rows) a.y[static_cast<int64_t>(j) * a.d + rt * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
     }
   };
-  ring_walk<F, kRingR, C::S, false>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
+  ring_walk<F, kRingR, C::S, !GATE_UP>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
     if (GATE_UP) {
       stage_x<F>(a.x, a.d, xs, a.qa8_x);
     } else {
@@ -320,4 +329,6 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
     }
   });
+  if constexpr (!GATE_UP)
+    if (has_sh) walk_shared(std::false_type{});
 }

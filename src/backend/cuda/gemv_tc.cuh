@@ -34,9 +34,7 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
 }
 
 // QA8 of x[0, K) (K % 128 == 0) as in stage_x: the E4M3 values q as f16 in xq and each 128-block's power-of-two
-// scale s in xsc, so that q * s is exactly the QA8 value the other kernels use. Natural column order, or with PERM8
-// the order (0, 4, 1, 5, 2, 6, 3, 7) within every 8 columns (expert_tc_dec.cuh's fragment layout).
-template <bool PERM8 = false>
+// scale s in xsc, so that q * s is exactly the QA8 value the other kernels use (natural column order).
 __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int64_t K, __half* xq, float* xsc) {
   const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < K / 128; b += nw) {
@@ -50,13 +48,7 @@ __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int
       return e4m3x2_to_f16x2(e);
     };
     const uint32_t lo = q2(v.x, v.y), hi = q2(v.z, v.w);
-    if constexpr (!PERM8) {
-      *reinterpret_cast<uint2*>(xq + b * 128 + lane * 4) = make_uint2(lo, hi);
-    } else {  // columns e = 4 (lane & 1) + 0..3 of 8-group lane / 2 go to positions 2e (e < 4) or 2 (e - 4) + 1
-      unsigned short* g8 = reinterpret_cast<unsigned short*>(xq + b * 128 + (lane >> 1) * 8) + (lane & 1);
-      g8[0] = static_cast<unsigned short>(lo), g8[2] = static_cast<unsigned short>(lo >> 16);
-      g8[4] = static_cast<unsigned short>(hi), g8[6] = static_cast<unsigned short>(hi >> 16);
-    }
+    *reinterpret_cast<uint2*>(xq + b * 128 + lane * 4) = make_uint2(lo, hi);
     if (lane == 0) xsc[b] = s;
   }
 }

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -353,9 +354,9 @@ __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v))
 // mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices of the hc*d streams, tokens, groups of 8 mix
 // rows), each block
 // streams its slice of the nmix rows of fn once and writes partial dot products plus the partial sum of squares;
-// (2) hc_finish_kernel: one block per token sums the partials in slice order (double), runs the sigmoids and the
-// Sinkhorn iterations in one warp (lane = matrix element, same float operation order as the CPU), then collapses the
-// streams and applies the RMSNorm.
+// (2) hc_finish_kernel: one block per token; warp 0 sums the partials in slice order (double), runs the sigmoids and
+// then the Sinkhorn iterations (lane = matrix element, same float operation order as the CPU) while the other warps
+// collapse the streams and apply the RMSNorm.
 constexpr int kHcSlice = 512;  // elements per block (128 threads x 4)
 constexpr int kHcMaxMix = 32;
 
@@ -395,6 +396,55 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   if (blockIdx.z == 0 && threadIdx.x == 8) out[kHcMaxMix] = red[0][8] + red[1][8] + red[2][8] + red[3][8];
 }
 
+// The Sinkhorn of comb (hc_finish_kernel's warp 0): hc x hc (hc <= 5), lane = j * hc + k holds element (j, k). Row
+// softmax, then iterations of (row, column) normalisation; every lane runs the shuffles, lanes past hc * hc compute
+// nothing that is kept. Same float operations in the same order as the CPU reference. Called by all 32 lanes.
+__device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
+  constexpr int kMaxHc = 5;
+  const int hc = a.hc, lane = threadIdx.x & 31;
+  const int j = lane / hc, k = lane % hc;
+  const bool own = lane < hc * hc;
+  const float eps = a.hc_eps;
+  float v = own ? mix[2 * hc + lane] * sc_comb + b_comb : 0.0f;
+  auto row = [&](float x, int q) { return __shfl_sync(0xffffffffu, x, (j * hc + q) & 31); };
+  auto col = [&](float x, int q) { return __shfl_sync(0xffffffffu, x, (q * hc + k) & 31); };
+  {
+    float e[kMaxHc];
+#pragma unroll
+    for (int q = 0; q < kMaxHc; ++q) e[q] = q < hc ? row(v, q) : 0.0f;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < kMaxHc; ++q)
+      if (q < hc) mx = fmaxf(mx, e[q]);
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxHc; ++q)
+      if (q < hc) sum += expf(e[q] - mx);
+    if (own) v = expf(v - mx) / sum + eps;
+  }
+  for (int it = 0; it < a.sinkhorn_iters; ++it) {
+    if (it > 0) {
+      float e[kMaxHc];
+#pragma unroll
+      for (int q = 0; q < kMaxHc; ++q) e[q] = q < hc ? row(v, q) : 0.0f;
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMaxHc; ++q)
+        if (q < hc) s += e[q];
+      if (own) v /= (s + eps);
+    }
+    float e[kMaxHc];
+#pragma unroll
+    for (int q = 0; q < kMaxHc; ++q) e[q] = q < hc ? col(v, q) : 0.0f;
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxHc; ++q)
+      if (q < hc) s += e[q];
+    if (own) v /= (s + eps);
+  }
+  if (own) a.comb[t * hc * hc + lane] = v;
+}
+
 __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
   // pdl_wait() after the norm weight's prefetch (a constant), before the streams and partials are read.
   extern __shared__ float xin[];  // max(d, nslices * (kHcMaxMix + 1)) floats
@@ -403,24 +453,27 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
   const int t = blockIdx.x, hc = a.hc;
   const int64_t d = a.d, nf = hc * d;
   const float* Xt = a.X + t * nf;
-  const int lane = threadIdx.x & 31;
-  // Prefetch path (hc <= 4, d % 4 == 0, d <= 16 * threads): the streams and the norm weight are loaded into registers
-  // first, so that their memory latency overlaps the partial sums and the Sinkhorn iterations below instead of
-  // following them (the collapse and RMSNorm loops were a chain of dependent global round trips on one SM).
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Split path (hc <= 4, d % 4 == 0, d <= 16 * (threads - 32)): warp 0 computes the mHC coefficients; the collapse
+  // needs only `pre`, so once that is out warps 1.. collapse the streams and apply the RMSNorm while warp 0 runs the
+  // ~20 serial Sinkhorn iterations for comb (read only by the next hc_post): the two chains overlap instead of adding
+  // up (the trace measured ~11 us per call when they ran one after the other). The collapse threads load the streams
+  // and the norm weight into registers first, so that their latency overlaps the partial sums.
   const int64_t ng = d / 4;
-  const bool pf = hc <= 4 && d % 4 == 0 && ng <= 4 * static_cast<int64_t>(blockDim.x);
+  const int ct = static_cast<int>(threadIdx.x) - 32, nct = static_cast<int>(blockDim.x) - 32;  // collapse threads
+  const bool pf = hc <= 4 && d % 4 == 0 && ng <= 4 * static_cast<int64_t>(nct);
   float4 xr[4][4], wr[4];
-  if (pf) {
+  if (pf && warp > 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      const int64_t g = ct + static_cast<int64_t>(i) * nct;
       if (g < ng) wr[i] = a.norm_w ? __ldg(reinterpret_cast<const float4*>(a.norm_w) + g) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     }
   }
   // Warp 0's mHC parameters (scales and biases of pre / post / comb), also constants: in its serial chain below they
   // were up to three dependent global round trips.
   float sc_pre = 0.0f, sc_post = 0.0f, sc_comb = 0.0f, b_pre = 0.0f, b_post = 0.0f, b_comb = 0.0f;
-  if (threadIdx.x < 32) {
+  if (warp == 0) {
     sc_pre = a.scale[0];
     if (lane < hc) b_pre = a.base[lane];
     if (!a.head) {
@@ -430,10 +483,10 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     }
   }
   pdl_wait();
-  if (pf) {
+  if (pf && warp > 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      const int64_t g = ct + static_cast<int64_t>(i) * nct;
       if (g >= ng) continue;
 #pragma unroll
       for (int s = 0; s < 4; ++s)
@@ -441,17 +494,13 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     }
   }
   // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of
-  // one per slice), then warp 0 sums them in slice order exactly as before.
+  // one per slice), then warp 0 sums them in slice order.
   const int npart = nslices * (kHcMaxMix + 1);
   for (int i = threadIdx.x; i < npart; i += blockDim.x) xin[i] = partial[static_cast<int64_t>(t) * npart + i];
   __syncthreads();
-  if (threadIdx.x < 32) {
-    // Lane r < nmix: mix row r; lane 31 (or any spare): sum of squares; slices summed in order in double.
-    // This warp's work is one dependent chain (the rest of the block waits at the barrier below): ncu measured it at
-    // ~3,300 instructions and ~15 us when the slice loop and the Sinkhorn read shared memory one element at a time.
-    // Now the slice loads are unrolled ahead of their (in-order, double) sums and the Sinkhorn matrix lives in
-    // registers, one element per lane, rows and columns gathered with shuffles; the float operations and their order
-    // are unchanged, so the results are bit-identical.
+  if (warp == 0) {
+    // Lane r < nmix: mix row r; lane 31 (or any spare): sum of squares; slices summed in order in double. The slice
+    // loads are unrolled ahead of their (in-order, double) sums.
     const float* pp = xin;
     double ssd = 0.0, md = 0.0;
 #pragma unroll 8
@@ -466,62 +515,21 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     if (lane < nmix) mix[lane] = mv;
     __syncwarp();
     if (lane < hc) pre[lane] = sigm(mix[lane] * sc_pre + b_pre) + a.hc_eps;
-    if (!a.head) {
-      if (lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * sc_post + b_post);
-      // Sinkhorn on hc x hc (hc <= 5): lane = j * hc + k holds element (j, k). Row softmax, then iterations of
-      // (row, column) normalisation; every lane runs the shuffles, lanes past hc * hc compute nothing that is kept.
-      constexpr int kMaxHc = 5;
-      const int j = lane / hc, k = lane % hc;
-      const bool own = lane < hc * hc;
-      const float eps = a.hc_eps;
-      float v = own ? mix[2 * hc + lane] * sc_comb + b_comb : 0.0f;
-      auto row = [&](float x, int q) { return __shfl_sync(0xffffffffu, x, (j * hc + q) & 31); };
-      auto col = [&](float x, int q) { return __shfl_sync(0xffffffffu, x, (q * hc + k) & 31); };
-      {
-        float e[kMaxHc];
-#pragma unroll
-        for (int q = 0; q < kMaxHc; ++q) e[q] = q < hc ? row(v, q) : 0.0f;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int q = 0; q < kMaxHc; ++q)
-          if (q < hc) mx = fmaxf(mx, e[q]);
-        float sum = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kMaxHc; ++q)
-          if (q < hc) sum += expf(e[q] - mx);
-        if (own) v = expf(v - mx) / sum + eps;
-      }
-      for (int it = 0; it < a.sinkhorn_iters; ++it) {
-        if (it > 0) {
-          float e[kMaxHc];
-#pragma unroll
-          for (int q = 0; q < kMaxHc; ++q) e[q] = q < hc ? row(v, q) : 0.0f;
-          float s = 0.0f;
-#pragma unroll
-          for (int q = 0; q < kMaxHc; ++q)
-            if (q < hc) s += e[q];
-          if (own) v /= (s + eps);
-        }
-        float e[kMaxHc];
-#pragma unroll
-        for (int q = 0; q < kMaxHc; ++q) e[q] = q < hc ? col(v, q) : 0.0f;
-        float s = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kMaxHc; ++q)
-          if (q < hc) s += e[q];
-        if (own) v /= (s + eps);
-      }
-      if (own) a.comb[t * hc * hc + lane] = v;
-    }
+    if (!a.head && lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * sc_post + b_post);
+    if (!a.head && !pf) hc_sinkhorn_warp(a, t, mix, sc_comb, b_comb);
   }
-  __syncthreads();  // warp 0 is done with the staged partials before xin is reused below
+  __syncthreads();  // pre is out; warp 0 is done with the staged partials before xin is reused below
   if (pf) {
+    if (warp == 0) {
+      if (!a.head) hc_sinkhorn_warp(a, t, mix, sc_comb, b_comb);
+      return;  // no block-wide barrier follows: the collapse threads synchronise on named barrier 1 among themselves
+    }
     // Same arithmetic as the loops below (collapse in stream order, [official] BF16, x * r * w), from registers.
     float4 v[4];
     double ss = 0.0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      const int64_t g = ct + static_cast<int64_t>(i) * nct;
       if (g >= ng) continue;
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -539,13 +547,17 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
       }
       v[i] = make_float4(c[0], c[1], c[2], c[3]);
     }
-    ss = block_sum_d(ss, red);
+    ss = warp_sum_d(ss);
+    if (lane == 0) red[warp - 1] = ss;
+    asm volatile("bar.sync 1, %0;" ::"r"(nct) : "memory");
+    ss = 0.0;
+    for (int i = 0; i < nct / 32; ++i) ss += red[i];
     const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + a.rms_eps));
     const bool rnd = a.official && !a.head, has_w = a.norm_w != nullptr;
     float* x = a.x + t * d;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t g = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      const int64_t g = ct + static_cast<int64_t>(i) * nct;
       if (g >= ng) continue;
       const float in[4] = {v[i].x, v[i].y, v[i].z, v[i].w}, w[4] = {wr[i].x, wr[i].y, wr[i].z, wr[i].w};
       float o[4];
@@ -1693,7 +1705,6 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_ring.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/moe_tc2.cuh"
-#include "backend/cuda/expert_tc_dec.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2263,34 +2274,6 @@ static int64_t ring_x_floats(const ExpertArgs& a, bool gate_up) {
   const int64_t routed = gate_up ? a.d : static_cast<int64_t>(a.k) * a.I;
   return routed + (a.shared13 ? (gate_up ? a.d : a.I) : 0);
 }
-namespace {
-std::atomic<bool> g_expert_tc_on{[] {
-  const char* e = std::getenv("DSV4_EXPERT_TC");
-  return !(e && std::string(e) == "0");
-}()};
-size_t expert_tc_dec_smem(const ExpertArgs& a, bool gate_up) {
-  const int64_t K = gate_up ? a.d : a.I, rows = gate_up ? 1 : a.k;
-  return kEtRingBytes + static_cast<size_t>(rows * K) * 2 + static_cast<size_t>(rows * (K / 128)) * 4;
-}
-}  // namespace
-void set_expert_tc(bool on) { g_expert_tc_on.store(on, std::memory_order_relaxed); }
-// One warp takes a whole tile (8 intermediate rows or 16 output rows of one slot, all of K): only worth it when the
-// tiles fill between half and all of the resident warps once (Flash at one GPU: 1536 of 2112 for both launches;
-// under TP2 gate/up has 768, and Pro 2304 / 2688: two rounds for some warps). Otherwise the ring kernels.
-static bool tc_dec_balanced(const ExpertArgs& a, bool gate_up) {
-  const int64_t tiles = (gate_up ? a.I / 8 : a.d / 16) * a.k, warps = static_cast<int64_t>(sm_count()) * kEtWarps;
-  return 2 * tiles >= warps && tiles <= warps;
-}
-// Decode MXFP4 experts on the tensor cores: one token, the activation quantized while staging (QA8: exact in f16),
-// whole 128-column blocks, 8-row (gate/up) / 16-row (down) tiles, byte scales in whole 4-byte words.
-bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up) {
-  const float* in = gate_up ? a.x : a.act_q;
-  return g_expert_tc_on.load(std::memory_order_relaxed) && a.n == 1 && !a.perm && a.fmt == WeightFormat::MXFP4 &&
-         (gate_up ? a.qa8_x : a.qa8_act) && !a.shared13 && !a.shared2 && a.k >= 1 && a.k <= kTilesMaxK && a.d % 128 == 0 && a.I % 128 == 0 &&
-         a.sb1 == a.d / 32 && a.sb2 == a.I / 32 && aligned16(in) &&
-         expert_tc_dec_smem(a, gate_up) + kTilesMaxK * sizeof(DevExpert) + 1024 <= smem_optin() && tc_dec_balanced(a, gate_up);
-}
-
 static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
   const int f = fmt_of(a.fmt);
   return g_ring_on.load(std::memory_order_relaxed) && a.n == 1 && a.k <= kTilesMaxK && (f == kFP8 || f == kFP4) &&
@@ -2362,13 +2345,6 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
       case kFP8: launch(expert_gate_up_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_gate_up_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
     }
-    DSV4_LAUNCHED();
-    return;
-  }
-  if (expert_tc_dec_eligible(a, true)) {  // decode, official: the tensor-core kernel (expert_tc_dec.cuh)
-    const size_t sm = expert_tc_dec_smem(a, true);
-    allow_smem(expert_tc_dec_kernel<true>, sm);
-    launch(expert_tc_dec_kernel<true>, sm_count(), kEtThreads, sm, s, a);
     DSV4_LAUNCHED();
     return;
   }
@@ -2467,13 +2443,6 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
       case kFP8: launch(expert_down_kernel<kFP8>, grid, 256, 0, s, a, blk); break;
       case kFP4: launch(expert_down_kernel<kFP4>, grid, 256, 0, s, a, blk); break;
     }
-    DSV4_LAUNCHED();
-    return;
-  }
-  if (expert_tc_dec_eligible(a, false)) {
-    const size_t sm = expert_tc_dec_smem(a, false);
-    allow_smem(expert_tc_dec_kernel<false>, sm);
-    launch(expert_tc_dec_kernel<false>, sm_count(), kEtThreads, sm, s, a);
     DSV4_LAUNCHED();
     return;
   }

@@ -297,10 +297,6 @@ void set_moe_tc2(bool on);
 bool moe_tc2_enabled();
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_ring_shared_ok(const ExpertArgs& a);
-// Decode MXFP4 experts with QA8 applied while staging (qa8_x / qa8_act) run on the tensor cores (expert_tc_dec.cuh):
-// the ring kernels' function up to fp32 summation order. DSV4_EXPERT_TC=0 or set_expert_tc(false): the ring kernels.
-bool expert_tc_dec_eligible(const ExpertArgs& a, bool gate_up);
-void set_expert_tc(bool on);
 bool expert_gate_up_stages_x(const ExpertArgs& a);
 bool expert_down_stages_x(const ExpertArgs& a);
 constexpr int kMoeGroupedMinTokens = 16;

@@ -698,48 +698,61 @@ TEST(CudaOps, AttentionHcaLongContext) {
 }
 
 // ---- top-k alone: exact order (score desc, lower index first on ties) against the CPU rule --------------------------
-// Scores drawn from few distinct values force long tie runs across the k boundary; rows longer than the shared-memory
-// cache take the uncached path; a row shorter than k pads with -1.
+// Scores drawn from few distinct values force long tie runs across the k boundary (all three radix passes and the
+// tie cut); distinct values stop the select early; rows longer than the shared-memory cache take the uncached path;
+// rows of exactly k and shorter than k (padded with -1). Each case runs as 2 rows (decode: the ordering split over
+// blocks) and as 6 rows (one block per row).
 TEST(CudaOps, TopkExactTies) {
   std::mt19937 g(77);
   struct Case {
     int64_t ld;
-    int k, distinct;
+    int k, distinct;  // distinct 0: normal floats
   };
-  for (const Case c : {Case{4096, 512, 7}, Case{4096, 512, 100000}, Case{70000, 512, 13}, Case{300, 512, 5}, Case{5000, 4, 3}}) {
-    const int n = 2, ratio = 4;
-    const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query 0 one fewer
-    std::uniform_int_distribution<int> pick(0, c.distinct - 1);
-    vector<float> sc(static_cast<size_t>(n * c.ld));
-    for (auto& v : sc) {
-      const int p = pick(g);
-      v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
+  for (const Case c : {Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
+                       Case{4096, 512, 100000}, Case{8192, 512, 0}, Case{70000, 512, 13}, Case{70000, 512, 0},
+                       Case{513, 512, 4}, Case{513, 512, 0}, Case{300, 512, 5}, Case{5000, 4, 3}, Case{3000, 2048, 0}})
+    for (const int n : {2, 6}) {
+      const int ratio = 4;
+      const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query n-2 one fewer (ld 513: k)
+      std::uniform_int_distribution<int> pick(0, std::max(c.distinct - 1, 0));
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      vector<float> sc(static_cast<size_t>(n * c.ld));
+      for (auto& v : sc) {
+        if (c.distinct == 0) {
+          v = nd(g);
+          continue;
+        }
+        const int p = pick(g);
+        v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
+      }
+      DBuf<float> dsc(sc);
+      DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
+      DSV4_CU(cudaMemset(dtop.p, 0x55, dtop.n * sizeof(int32_t)));  // every slot must be written
+      cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
+      auto got = dtop.get();
+      for (int i = 0; i < n; ++i) {
+        const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
+        vector<int32_t> order(static_cast<size_t>(V));
+        std::iota(order.begin(), order.end(), 0);
+        const float* s = sc.data() + i * c.ld;
+        const int64_t kk = std::min<int64_t>(V, c.k);
+        std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                          [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+        vector<int32_t> want(order.begin(), order.begin() + kk);
+        want.resize(static_cast<size_t>(c.k), -1);
+        vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
+        EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), " << n
+                            << " rows, query " << i;
+      }
     }
-    DBuf<float> dsc(sc);
-    DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
-    cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
-    auto got = dtop.get();
-    for (int i = 0; i < n; ++i) {
-      const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
-      vector<int32_t> order(static_cast<size_t>(V));
-      std::iota(order.begin(), order.end(), 0);
-      const float* s = sc.data() + i * c.ld;
-      const int64_t kk = std::min<int64_t>(V, c.k);
-      std::partial_sort(order.begin(), order.begin() + kk, order.end(),
-                        [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-      vector<int32_t> want(order.begin(), order.begin() + kk);
-      want.resize(static_cast<size_t>(c.k), -1);
-      vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
-      EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), query " << i;
-    }
-  }
 }
 
-// ---- lightning indexer: 64 heads x 128 dims over 4096 keys, top-512 ----------------------------------------------
-TEST(CudaOps, IndexerScoresAndTopk) {
+// ---- lightning indexer: 64 heads x 128 dims over 2048 (8K context) and 4096 keys, top-512 ------------------------
+// Two tokens (prefill kernel) against the CPU; the second token alone (decode kernel) must give the same bits.
+void run_indexer(int64_t nkeys) {
   std::mt19937 g(9);
   const int Hi = 64, K = 512, n = 2, ratio = 4, R = 64;
-  const int64_t Di = 128, pos0 = 4096 * 4 - n, nkeys = 4096;
+  const int64_t Di = 128, pos0 = nkeys * 4 - n;
   vector<float> inv(R / 2);
   for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(160000.0f, 2.0f * i / R);
   vector<float> q0 = randn(static_cast<size_t>(n * Hi * Di), g), wts = randn(static_cast<size_t>(n * Hi), g),
@@ -805,7 +818,21 @@ TEST(CudaOps, IndexerScoresAndTopk) {
       const float* sgi = sg.data() + i * ld;
       for (int j = 1; j < K; ++j) EXPECT_GE(sgi[tg[i * K + j - 1]], sgi[tg[i * K + j]]) << "top-k order";
     }
+    // Decode: the last token alone (KEYS = 16 blocks) reproduces its prefill row and top-k exactly.
+    DBuf<float> dsc1(static_cast<size_t>(ld));
+    DBuf<int32_t> dtop1(static_cast<size_t>(K));
+    cu::indexer_scores(dq.p + Hi * Di, dw.p + Hi, dk.p, 1, Hi, Di, pos0 + 1, ratio, nkeys, official, dsc1.p, ld, nullptr);
+    cu::topk_rows(dsc1.p, 1, ld, pos0 + 1, ratio, K, dtop1.p, nullptr);
+    auto s1 = dsc1.get();
+    auto t1 = dtop1.get();
+    EXPECT_EQ(0, std::memcmp(s1.data(), sg.data() + ld, static_cast<size_t>(ld) * sizeof(float)))
+        << "decode scores differ from prefill's, " << nkeys << " keys";
+    EXPECT_TRUE(std::equal(t1.begin(), t1.end(), tg.begin() + K)) << "decode top-k differs from prefill's";
   }
+}
+TEST(CudaOps, IndexerScoresAndTopk) {
+  run_indexer(2048);
+  run_indexer(4096);
 }
 
 // ---- mHC pre (Sinkhorn + collapse + RMSNorm) and post at hc=4, d=4096 ---------------------------------------------

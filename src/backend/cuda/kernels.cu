@@ -794,18 +794,28 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
   for (int i = threadIdx.x; i < n; i += blockDim.x) qh[i] = v[i];
 }
 
-// Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)); each thread
-// streams its key row in float4 pieces and keeps the group's per-head dot products in registers while the queries are
-// read from shared memory as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the
-// partials in order, see kIdxParts) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each
-// block re-stages the token's 32 KB of queries; KEYS = 16 (16 groups of <= 4 heads) for decode, where 64 keys per
-// block left a 2K-entry cache on 33 blocks of 132 SMs (ncu: 28 us per CSA layer).
+// Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)). The block first
+// stages the token's queries and weights and its KEYS key rows in shared memory with all of its loads in flight at
+// once (one global round trip, where streaming each key row per thread could chain up to Di / 4 of them: the decode
+// kernel took 21 us per CSA layer at 2K keys); then each thread keeps the group's per-head dot products in registers while the queries are read
+// as warp-wide broadcasts; relu * weight per head, summed in double (per group, then the partials in order, see
+// kIdxParts) like the CPU's double sum over heads. KEYS = 64 (4 groups of <= 16 heads) for prefill, where each block
+// re-stages the token's 32 KB of queries; KEYS = 16 (16 groups of <= 4 heads) for decode, where 64 keys per block left
+// a 2K-entry cache on 33 blocks of 132 SMs (ncu: 28 us per CSA layer).
 constexpr int kIdxMaxHeads = 64;
+constexpr int kIdxStage = 12;  // float4 loads in flight per thread while staging (decode: 2048 + 512 per block)
 
 // The double sum over heads is always 16 partial sums of 4 consecutive heads each (heads 4q .. 4q + 3 -> partial q),
 // added in order: the same association for KEYS = 16 (a partial per thread) and KEYS = 64 (four per thread), so
 // decode and prefill give the same bits (KEYS = 16 is used only with 64 heads, where its groups are those partials).
 constexpr int kIdxParts = 16;
+
+// Shared memory of indexer_scores_v2: queries, KEYS key rows padded by a float4 (row r's float4 d sits in bank group
+// (r + d) % 8: conflict-free column reads), head weights.
+__host__ __device__ constexpr int64_t idx_smem_floats(int keys, int heads, int64_t Di) {
+  return heads * Di + keys * (Di + 4) + heads;
+}
+
 template <int KEYS>
 __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
@@ -816,22 +826,48 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     pos0 = *dpos;
     n_keys = (pos0 + gridDim.y) / ratio;
   }
-  extern __shared__ __align__(16) float qs[];  // heads * Di, then heads weights
+  extern __shared__ __align__(16) float4 ism[];  // see idx_smem_floats
   constexpr int kPer = (kGroupHeads + 3) / 4;  // partials per thread
   static_assert(kGroups * kPer == kIdxParts, "16 partials of 4 heads");
   __shared__ double part[kIdxParts][KEYS];
   const int t = blockIdx.y;
-  const int nq = heads * static_cast<int>(Di);
-  for (int i = threadIdx.x; i < nq; i += blockDim.x) qs[i] = q[static_cast<int64_t>(t) * nq + i];
-  float* ws = qs + nq;
-  for (int i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = wts[t * heads + i];
+  const int Di4 = static_cast<int>(Di / 4), ld4 = Di4 + 1, nq4 = heads * Di4;
+  const int64_t visible = (pos0 + t + 1) / ratio;
+  const int64_t key0 = static_cast<int64_t>(blockIdx.x) * KEYS;
+  const int64_t key_end = min(min(ld, visible), n_keys);  // rows past it may not exist: never read
+  float4* q4 = ism;
+  float4* k4 = ism + nq4;
+  float* ws = reinterpret_cast<float*>(k4 + KEYS * ld4);
+  {
+    const float wv = threadIdx.x < heads ? wts[t * heads + threadIdx.x] : 0.0f;  // in flight with the staging loads
+    const float4* qg = reinterpret_cast<const float4*>(q) + static_cast<int64_t>(t) * nq4;
+    const float4* kg = reinterpret_cast<const float4*>(keys);
+    const int total = nq4 + KEYS * Di4;
+    for (int b = threadIdx.x; b < total; b += kIdxStage * 256) {
+      float4 v[kIdxStage];
+#pragma unroll
+      for (int u = 0; u < kIdxStage; ++u) {
+        const int i = b + u * 256;
+        const int r = (i - nq4) / Di4;
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < nq4) v[u] = qg[i];
+        else if (i < total && key0 + r < key_end) v[u] = __ldg(kg + (key0 + r) * Di4 + (i - nq4 - r * Di4));
+      }
+#pragma unroll
+      for (int u = 0; u < kIdxStage; ++u) {
+        const int i = b + u * 256;
+        const int r = (i - nq4) / Di4;
+        if (i < nq4) q4[i] = v[u];
+        else if (i < total) k4[r * ld4 + (i - nq4 - r * Di4)] = v[u];
+      }
+    }
+    if (threadIdx.x < heads) ws[threadIdx.x] = wv;
+  }
   __syncthreads();
   const int kl = threadIdx.x % KEYS, grp = threadIdx.x / KEYS;
-  const int64_t key = static_cast<int64_t>(blockIdx.x) * KEYS + kl;
-  const int64_t visible = (pos0 + t + 1) / ratio;
-  const bool live = key < ld && key < visible && key < n_keys;
+  const int64_t key = key0 + kl;
+  const bool live = key < key_end;
   const int hpg = (heads + kGroups - 1) / kGroups, h0 = grp * hpg, hn = min(hpg, heads - h0);
-  const int Di4 = static_cast<int>(Di / 4);
   double s[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) s[u] = 0.0;
@@ -839,10 +875,9 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     float acc[kGroupHeads];
 #pragma unroll
     for (int h = 0; h < kGroupHeads; ++h) acc[h] = 0.0f;
-    const float4* kp = reinterpret_cast<const float4*>(keys + key * Di);
-    const float4* q4 = reinterpret_cast<const float4*>(qs);
+    const float4* kp = k4 + kl * ld4;
     for (int d4 = 0; d4 < Di4; ++d4) {
-      const float4 kv = __ldg(kp + d4);
+      const float4 kv = kp[d4];
 #pragma unroll
       for (int h = 0; h < kGroupHeads; ++h)
         if (h < hn) {
@@ -873,40 +908,25 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
 }
 
 // Exact top-k per row by radix select (GPU_KERNELS.md §6.5): scores map to order-preserving unsigned keys (-0 as +0,
-// so that equal floats stay equal keys); four 8-bit histogram passes find the key T of the k-th largest entry and how
-// many entries equal to T are taken; an index-ordered block scan then collects every entry > T and the lowest-index
-// entries == T (the CPU tie rule); a bitonic sort of the k candidates by (key desc, index asc) emits the CPU's order.
-// One block of 1024 threads per query row; the row is cached in shared memory when it fits.
+// so that equal floats stay equal keys). Histogram passes over 11, 11 and 10 key bits narrow a key prefix down to the
+// bin that holds the k-th largest entry; they stop as soon as that bin's entries are all taken (distinct scores: after
+// 22 bits). Then every entry above the prefix and the lowest-index entries inside it (the CPU tie rule) are
+// compacted, each warp over a contiguous slice of the row, and each candidate's place in the CPU's order (score
+// descending, index ascending) is the number of candidates above it.
+// One block of 1024 threads per query row; the row is cached in shared memory when it fits. Decode splits that last,
+// quadratic step over gridDim.y blocks of the same row, each redoing the (cheap, deterministic) select.
+// Block-wide barriers, 2K-entry row: 1 + 3 per pass (2 passes on distinct scores, at most 3) + 2 for the compaction:
+// 9 (was 1 + 4 per pass x 4 passes of 8 bits + 6 per 1024 entries for a scan-based compaction + 1: 30).
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkMaxK = 2048;
+constexpr int kTopkBins = 2048;  // 11-bit digits
+constexpr int kTopkSplit = 8;    // decode: blocks per row, each placing k / 8 candidates
+static_assert(kTopkBins == 2 * kTopkThreads, "the digit scan gives each thread two bins");
 
 __device__ __forceinline__ uint32_t order_key(float f) {
   if (f == 0.0f) f = 0.0f;
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Block-wide exclusive scan of a 0/1 flag over 1024 threads; returns the prefix and writes the block total to *total.
-__device__ __forceinline__ int block_scan_flag(bool f, int* wsum, int* total) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const unsigned b = __ballot_sync(0xffffffffu, f);
-  const int before = __popc(b & ((1u << lane) - 1u));
-  __syncthreads();
-  if (lane == 0) wsum[w] = __popc(b);
-  __syncthreads();
-  if (w == 0) {
-    const int v = wsum[lane];
-    int incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    wsum[lane] = incl - v;
-    if (lane == 31) *total = incl;
-  }
-  __syncthreads();
-  return wsum[w] + before;
 }
 
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
@@ -917,96 +937,114 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
-  __shared__ int hist[256];
-  __shared__ int wsum[32];
-  __shared__ int s_total, s_digit, s_above;
+  // Two histograms: a pass clears the next pass's while it fills its own, so clearing needs no barrier of its own.
+  __shared__ __align__(8) int hist[2][kTopkBins];
+  __shared__ int wsum[32], wgt[32], weq[32];
+  __shared__ int s_digit, s_above, s_count;
   const int t = blockIdx.x;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   int64_t V = (pos0 + t + 1) / ratio;
   if (V > ld) V = ld;
   const float* s = scores + t * ld;
   int32_t* out = topk + static_cast<int64_t>(t) * k;
   const int kk = static_cast<int>(V < k ? V : k);
-  for (int j = kk + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
+  if (blockIdx.y == 0)
+    for (int j = kk + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
   if (kk == 0) return;
   const bool cached = V <= cache;
   if (cached)
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) row[i] = order_key(s[i]);
-  for (int j = threadIdx.x; j < P; j += blockDim.x) cand[j] = 0ull;
+  for (int j = threadIdx.x; j < kTopkBins; j += blockDim.x) hist[0][j] = 0;
   __syncthreads();
   auto key_at = [&](int64_t i) -> uint32_t { return cached ? row[i] : order_key(s[i]); };
 
+  // Entries with (key & mask) > prefix are taken; of those with (key & mask) == prefix, the `want` lowest-index ones.
+  // V <= k: mask 0 takes all.
   uint32_t prefix = 0, mask = 0;
-  int want = kk;  // entries still to take among those matching prefix
-  const bool take_all = V <= k;
-  if (!take_all) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int j = threadIdx.x; j < 256; j += blockDim.x) hist[j] = 0;
-      __syncthreads();
+  int want = kk;
+  if (V > k) {
+    for (int pass = 0; pass < 3; ++pass) {
+      const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+      const uint32_t dmask = pass == 2 ? 1023u : 2047u;
+      int* h = hist[pass & 1];
+      for (int j = threadIdx.x; j < kTopkBins; j += blockDim.x) hist[(pass + 1) & 1][j] = 0;
       for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
         const uint32_t u = key_at(i);
-        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1);
+        if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & dmask], 1);
       }
       __syncthreads();
-      if (threadIdx.x < 32) {  // warp 0: lane l owns digits 255-8l .. 248-8l (descending); suffix counts via a scan
-        const int lane = threadIdx.x;
-        int c[8], sum = 0;
+      // Thread i holds digits 2047 - 2i (c.y) and 2046 - 2i (c.x): descending digit order is ascending thread order,
+      // so the entries above a digit are a block-wide exclusive scan (warp scan, then the warps' totals).
+      const int2 c = reinterpret_cast<const int2*>(h)[kTopkBins / 2 - 1 - threadIdx.x];
+      const int cs = c.x + c.y;
+      int incl = cs;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sum += (c[j] = hist[255 - 8 * lane - j]);
-        int incl = sum;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const int y = __shfl_up_sync(0xffffffffu, incl, o);
-          if (lane >= o) incl += y;
-        }
-        int above = incl - sum;  // entries with a larger digit than this lane's first digit
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (above < want && above + c[j] >= want) s_digit = 255 - 8 * lane - j, s_above = above;
-          above += c[j];
-        }
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      if (lane == 31) wsum[w] = incl;
+      __syncthreads();
+      const int above = __reduce_add_sync(0xffffffffu, lane < w ? wsum[lane] : 0) + incl - cs;
+      if (above < want && above + cs >= want) {  // exactly one thread: the bin of the want-th entry
+        const bool hi = above + c.y >= want;
+        s_digit = kTopkBins - 1 - 2 * static_cast<int>(threadIdx.x) - (hi ? 0 : 1);
+        s_above = hi ? above : above + c.y;
+        s_count = hi ? c.y : c.x;
       }
       __syncthreads();
       prefix |= static_cast<uint32_t>(s_digit) << shift;
-      mask |= 255u << shift;
+      mask |= dmask << shift;
       want -= s_above;
-      __syncthreads();
+      if (s_count == want) break;  // the whole bin is taken: no tie to resolve in lower bits
     }
   }
-  // prefix = T (exact key of the kk-th largest); kk - want entries are > T; take `want` entries == T, lowest first.
+  // Compaction without block scans: warp w owns entries [w * C, (w + 1) * C); a first sweep counts its entries above
+  // and inside the prefix bin (ballots), the warps' counts meet once in shared memory, a second sweep writes.
   const int n_gt = kk - want;
-  int base_gt = 0, base_eq = 0;
-  for (int64_t b0 = 0; b0 < V; b0 += blockDim.x) {
-    const int64_t i = b0 + threadIdx.x;
-    const uint32_t u = i < V ? key_at(i) : 0u;
-    const bool gt = i < V && (take_all || u > prefix);
-    const bool eq = i < V && !take_all && u == prefix;
-    const int pg = block_scan_flag(gt, wsum, &s_total);
-    const int tg = s_total;
-    const int pe = block_scan_flag(eq, wsum, &s_total);
-    const int te = s_total;
+  const int64_t C = (V + 32 * 32 - 1) / (32 * 32) * 32;
+  const int64_t lo = w * C, hi = min(V, lo + C);
+  int ng = 0, ne = 0;
+  for (int64_t b = lo; b < hi; b += 32) {
+    const int64_t i = b + lane;
+    const uint32_t m = i < hi ? key_at(i) & mask : 0u;
+    ng += __popc(__ballot_sync(0xffffffffu, i < hi && m > prefix));
+    ne += __popc(__ballot_sync(0xffffffffu, i < hi && m == prefix));
+  }
+  if (lane == 0) wgt[w] = ng, weq[w] = ne;
+  __syncthreads();
+  int base_gt = __reduce_add_sync(0xffffffffu, lane < w ? wgt[lane] : 0);
+  int base_eq = __reduce_add_sync(0xffffffffu, lane < w ? weq[lane] : 0);
+  const unsigned below = (1u << lane) - 1u;
+  for (int64_t b = lo; b < hi; b += 32) {
+    const int64_t i = b + lane;
+    const uint32_t u = i < hi ? key_at(i) : 0u;
+    const bool gt = i < hi && (u & mask) > prefix, eq = i < hi && (u & mask) == prefix;
+    const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
     const unsigned long long ck = (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
-    if (gt) cand[base_gt + pg] = ck;
-    if (eq && base_eq + pe < want) cand[n_gt + base_eq + pe] = ck;
-    base_gt += tg;
-    base_eq += te;
+    if (gt) cand[base_gt + __popc(bg & below)] = ck;
+    if (eq && base_eq + __popc(be & below) < want) cand[n_gt + base_eq + __popc(be & below)] = ck;
+    base_gt += __popc(bg);
+    base_eq += __popc(be);
   }
   __syncthreads();
-  // Order: the kk candidates (key << 32 | ~index) are distinct, and the CPU's order (score descending, index
-  // ascending) is their descending order, so each one's place is the number of candidates above it: one pass of
-  // broadcast reads and a single barrier, instead of a bitonic sort's ~45 block-wide barriers (the top-k kernel was
-  // 17 us per CSA layer in ncu, one block).
+  // Order: the kk candidates (key << 32 | ~index) are distinct, and the CPU's order is their descending order, so each
+  // one's place is the number of candidates above it: broadcast reads and no barrier, instead of a bitonic sort's ~45
+  // block-wide barriers. This block places candidates [j0, j1) of its row.
   // `per` adjacent lanes (a power of two <= 32) share a candidate, each counting a slice of the list; their counts
   // meet through shuffles. Every lane runs every round (the shuffles need the whole warp).
+  const int share = (kk + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int j0 = static_cast<int>(blockIdx.y) * share, j1 = min(kk, j0 + share);
   int per = 1;
-  while (per < 32 && per * 2 * kk <= static_cast<int>(blockDim.x)) per *= 2;
+  while (per < 32 && per * 2 * share <= static_cast<int>(blockDim.x)) per *= 2;
   const int part = static_cast<int>(threadIdx.x) % per, groups = static_cast<int>(blockDim.x) / per;
-  for (int jb = 0; jb < kk; jb += groups) {
+  for (int jb = j0; jb < j1; jb += groups) {
     const int j = jb + static_cast<int>(threadIdx.x) / per;
-    const unsigned long long c = j < kk ? cand[j] : ~0ull;
+    const unsigned long long c = j < j1 ? cand[j] : ~0ull;
     int rank = 0;
     for (int i = part; i < kk; i += per) rank += cand[i] > c;  // interleaved: the group's lanes read adjacent entries
     for (int o = 1; o < per; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
-    if (j < kk && part == 0) out[rank] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull));
+    if (j < j1 && part == 0) out[rank] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull));
   }
 }
 
@@ -2123,12 +2161,13 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
   if (Di % 4 != 0 || heads > kIdxMaxHeads)
     fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", kIdxMaxHeads);
   if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
-  const size_t sm = (static_cast<size_t>(heads) * Di + heads) * 4;
   if (n == 1 && heads == kIdxMaxHeads) {  // decode: 4x the blocks (queries staged per block; one token's are 32 KB)
+    const size_t sm = static_cast<size_t>(idx_smem_floats(16, heads, Di)) * 4;
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);
     launch(indexer_scores_v2<16>, dim3(blocks_for(ld, 16), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
            official, scores, ld, dpos);
   } else {
+    const size_t sm = static_cast<size_t>(idx_smem_floats(64, heads, Di)) * 4;
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<64>), sm);
     launch(indexer_scores_v2<64>, dim3(blocks_for(ld, 64), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
            official, scores, ld, dpos);
@@ -2147,7 +2186,9 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   const int cache = static_cast<int>(std::min<int64_t>(ld, cache_cap));
   const size_t sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
-  launch(topk_radix_kernel, n, kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
+  // A few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
+  const unsigned split = n <= 4 ? kTopkSplit : 1;
+  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
   DSV4_LAUNCHED();
 }
 

@@ -135,10 +135,11 @@ void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, doubl
                 nm.substr(0, 90).c_str());
   }
   // One layer in order (layer 2: Flash's first CSA layer), so the chain of a layer can be read. Layers are found by
-  // their mHC pre-mix kernels (two per layer: attention and FFN).
+  // their mHC pre-mix kernels (two per layer: attention and FFN; fused with the post before them but in layer 0's
+  // attention pre).
   std::vector<size_t> mix;
   for (size_t i = 0; i < K; ++i)
-    if (names[i].rfind("hc_mix_kernel", 0) == 0) mix.push_back(i);
+    if (names[i].rfind("hc_mix_kernel", 0) == 0 || names[i].rfind("hc_post_mix_kernel", 0) == 0) mix.push_back(i);
   if (layers >= 3 && mix.size() >= 6) {
     const size_t from = mix[4], to = mix.size() > 6 ? mix[6] : K - 1;
     std::printf("  layer 2 in launch order (us on the critical path, mean over replays):\n");

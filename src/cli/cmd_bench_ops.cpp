@@ -220,7 +220,7 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     rows.push_back({"indexer top-512 (radix select)", "4096 scores", 4.0 * nkeys, us_k});
   }
 
-  // mHC pre (mix GEMV + Sinkhorn + collapse + RMSNorm) and post, hc=4, d=4096, one token.
+  // mHC pre (mix GEMV + Sinkhorn + collapse + RMSNorm), post, and the two fused, hc=4, d=4096, one token.
   {
     const int hc = 4;
     const int64_t d = 4096;
@@ -239,6 +239,9 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
     const double us_post = time_us([&](int) { cu::hc_post(x, post, comb, 1, hc, d, true, X, nullptr); }, reps);
     rows.push_back({"mhc pre (mix+sinkhorn+norm)", "hc=4 d=4096", 4.0 * (24 * hc * d + hc * d + d), us_pre});
     rows.push_back({"mhc post", "hc=4 d=4096", 4.0 * (2 * hc * d + d), us_post});
+    // y = x: any [d] activation will do for timing.
+    const double us_post_pre = time_us([&](int) { cu::hc_post_pre(x, post, comb, X, a, nullptr); }, reps);
+    rows.push_back({"mhc post + pre (fused)", "hc=4 d=4096", 4.0 * (24 * hc * d + 3 * hc * d + 2 * d), us_post_pre});
   }
 
   std::printf("## CUDA ops micro-benchmarks (%s, %d SMs)\n\n", prop.name, prop.multiProcessorCount);

@@ -89,6 +89,10 @@ class Backend {
   virtual void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) = 0;
   // X[n, hc, d] = post ⊗ y + combᵀ X (in place).
   virtual void hc_post(const float* y, const float* post, const float* comb, int n, float* X) = 0;
+  // hc_post(y, post, comb, n, X) then hc_pre(layer, site, X, n, x, post, comb): post/comb are read for the post and
+  // then overwritten by the pre. One op so that a backend can fuse the two (a sub-layer's output into the next
+  // sub-layer's input); the default runs them one after the other.
+  virtual void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x);
   // Query path and this chunk's window KV: qr[n, q_lora] (normed, also the indexer's input), q[n, H, D] (per-head
   // norm + RoPE at its position), kv[n, D] (norm, RoPE, and SIM8 in official mode).
   virtual void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) = 0;

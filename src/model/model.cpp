@@ -10,6 +10,11 @@ std::unique_ptr<StateSnapshot> SequenceState::snapshot() const { fail("this back
 void SequenceState::restore(const StateSnapshot&) { fail("this backend's sequence state has no snapshots"); }
 
 
+void Backend::hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) {
+  hc_post(y, post, comb, n, X);
+  hc_pre(layer, site, X, n, x, post, comb);
+}
+
 // Default batched ops: the single-sequence op once per row.
 static const RowDims& dims_or_fail(const Backend& b) {
   const RowDims& d = b.row_dims();
@@ -105,13 +110,17 @@ Forward::Forward(Model& m, int max_chunk) : m_(m), max_chunk_(max_chunk) {
   topk_ = b.alloc_i32(n * static_cast<size_t>(std::max(c.index_topk, 1)));
 }
 
-// One block (MODEL.md §5.2) in the op order of §6.5; layer == n_layers is the MTP block.
-void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st) {
+// One block (MODEL.md §5.2) in the op order of §6.5; layer == n_layers is the MTP block. Every mHC post runs fused
+// with the mHC pre that follows it (Backend::hc_post_pre): the attention's with the FFN's, and the FFN's with the next
+// block's attention pre. So only the first block of a stack runs its own attention pre (otherwise x_, post_, comb_
+// already hold it), and only the last ends with a plain post (the head follows). The observer sees the same X
+// either way: the pre leaves X as the post wrote it.
+void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st, bool first, bool last) {
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   const AttnKind kind = c.kind(l);
   // Attention sub-layer.
-  b.hc_pre(l, HcSite::Attn, X, n, x_, post_, comb_);
+  if (first) b.hc_pre(l, HcSite::Attn, X, n, x_, post_, comb_);
   b.attn_qkv(l, x_, n, pos0, qr_, q_, kv_);
   const int32_t* topk = nullptr;
   if (kind == AttnKind::CSA) {
@@ -123,21 +132,27 @@ void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st) {
   b.attend(l, q_, kv_, topk, n, pos0, st, o_);
   b.window_store(l, kv_, n, pos0, st);
   b.attn_out(l, o_, n, pos0, y_);
-  b.hc_post(y_, post_, comb_, n, X);
+  b.hc_post_pre(y_, post_, comb_, n, X, l, HcSite::Ffn, x_);
   if (observer_ && n > 1) observer_(l, "attn", X, n);
   // FFN sub-layer.
-  b.hc_pre(l, HcSite::Ffn, X, n, x_, post_, comb_);
   b.moe(l, x_, ids_, n, y_);
-  b.hc_post(y_, post_, comb_, n, X);
+  ffn_post(l, X, n, last);
   if (observer_ && n > 1) observer_(l, "ffn", X, n);
 }
 
+// The FFN's mHC post of block l, fused with block l + 1's attention pre unless l is the last block of its stack.
+void Forward::ffn_post(int l, float* X, int n, bool last) {
+  Backend& b = m_.backend();
+  if (last) b.hc_post(y_, post_, comb_, n, X);
+  else b.hc_post_pre(y_, post_, comb_, n, X, l + 1, HcSite::Attn, x_);
+}
+
 // The same block for one token of each of n sequences (forward_batch): position/state ops use their *_rows form.
-void Forward::block_rows(int l, float* X, int n, const int64_t* pos, SequenceState* const* sts) {
+void Forward::block_rows(int l, float* X, int n, const int64_t* pos, SequenceState* const* sts, bool first, bool last) {
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   const AttnKind kind = c.kind(l);
-  b.hc_pre(l, HcSite::Attn, X, n, x_, post_, comb_);
+  if (first) b.hc_pre(l, HcSite::Attn, X, n, x_, post_, comb_);
   b.attn_qkv_rows(l, x_, n, pos, qr_, q_, kv_);
   const int32_t* topk = nullptr;
   if (kind == AttnKind::CSA) {
@@ -149,10 +164,9 @@ void Forward::block_rows(int l, float* X, int n, const int64_t* pos, SequenceSta
   b.attend_rows(l, q_, kv_, topk, n, pos, sts, o_);
   b.window_store_rows(l, kv_, n, pos, sts);
   b.attn_out_rows(l, o_, n, pos, y_);
-  b.hc_post(y_, post_, comb_, n, X);
-  b.hc_pre(l, HcSite::Ffn, X, n, x_, post_, comb_);
+  b.hc_post_pre(y_, post_, comb_, n, X, l, HcSite::Ffn, x_);
   b.moe(l, x_, ids_, n, y_);
-  b.hc_post(y_, post_, comb_, n, X);
+  ffn_post(l, X, n, last);
 }
 
 void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const int64_t* pos, int n, float* logits) {
@@ -173,7 +187,7 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
   last_n_ = -1;  // forward_mtp follows forward() only
   try {
     b.embed(ids_, n, X_);
-    for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts);
+    for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts, l == 0, l + 1 == c.n_layers);
     if (logits) b.head(X_, n, logits_for(n));
   } catch (...) {
     for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
@@ -206,7 +220,7 @@ void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int
     if (next_ids[i] < 0 || next_ids[i] >= c.vocab_size) fail("MTP token id ", next_ids[i], " is out of range");
   b.upload_i32(mtp_ids_, next_ids, static_cast<size_t>(n));
   b.mtp_input(mtp_ids_, X_, n, Y_);
-  block(c.n_layers, Y_, n, pos0, st);
+  block(c.n_layers, Y_, n, pos0, st, true, true);
   float* lg = logits_for(n);
   b.mtp_head(Y_, n, lg);
   b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
@@ -228,7 +242,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
   try {
     if (mode != StepMode::Replay) {
       b.embed(ids_, n, X_);
-      for (int l = 0; l < c.n_layers; ++l) block(l, X_, n, pos0, st);
+      for (int l = 0; l < c.n_layers; ++l) block(l, X_, n, pos0, st, l == 0, l + 1 == c.n_layers);
       if (logits) b.head(X_ + static_cast<size_t>(n - rows) * c.hc_mult * c.hidden, rows, lg);
     }
   } catch (...) {

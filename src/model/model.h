@@ -61,8 +61,10 @@ class Forward {
   void set_observer(Observer fn) { observer_ = std::move(fn); }
 
  private:
-  void block(int layer, float* X, int n, int64_t pos0, SequenceState& st);
-  void block_rows(int layer, float* X, int n, const int64_t* pos, SequenceState* const* sts);
+  // first: the block runs its own attention hc_pre; last: its FFN hc_post is not fused with a next block's hc_pre.
+  void block(int layer, float* X, int n, int64_t pos0, SequenceState& st, bool first, bool last);
+  void block_rows(int layer, float* X, int n, const int64_t* pos, SequenceState* const* sts, bool first, bool last);
+  void ffn_post(int layer, float* X, int n, bool last);
   void check_position(const SequenceState& st, int64_t pos0, int n) const;
   Model& m_;
   int max_chunk_;

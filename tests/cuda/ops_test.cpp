@@ -835,55 +835,93 @@ TEST(CudaOps, IndexerScoresAndTopk) {
   run_indexer(4096);
 }
 
-// ---- mHC pre (Sinkhorn + collapse + RMSNorm) and post at hc=4, d=4096 ---------------------------------------------
+// ---- mHC pre (Sinkhorn + collapse + RMSNorm) and post ----------------------------------------------------------
+// The CPU twins (cpu_backend.cpp's math written out). Pre: x [n, d], post [n, hc], comb [n, hc, hc] from X [n, hc, d].
+struct MhcPreRef {
+  vector<float> x, post, comb;
+};
+MhcPreRef mhc_pre_ref(const vector<float>& X, int n, int hc, int64_t d, const vector<float>& fn, const vector<float>& base,
+                      const vector<float>& scale, const vector<float>& nw, int iters, float eps, bool official) {
+  const int mixn = (2 + hc) * hc;
+  auto sig = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  MhcPreRef r{vector<float>(static_cast<size_t>(n * d)), vector<float>(static_cast<size_t>(n * hc)),
+              vector<float>(static_cast<size_t>(n * hc * hc))};
+  for (int t = 0; t < n; ++t) {
+    const float* Xt = X.data() + t * hc * d;
+    double ss = 0;
+    for (int64_t j = 0; j < hc * d; ++j) ss += static_cast<double>(Xt[j]) * Xt[j];
+    float rs = static_cast<float>(1.0 / std::sqrt(ss / (hc * d) + 1e-6));
+    vector<float> mix(mixn), pre(hc);
+    for (int i = 0; i < mixn; ++i) mix[i] = cpu::dot(fn.data() + i * hc * d, Xt, hc * d) * rs;
+    for (int s = 0; s < hc; ++s) pre[s] = sig(mix[s] * scale[0] + base[s]) + eps;
+    for (int s = 0; s < hc; ++s) r.post[t * hc + s] = 2.0f * sig(mix[hc + s] * scale[1] + base[hc + s]);
+    float* C = r.comb.data() + t * hc * hc;
+    for (int j = 0; j < hc; ++j) {
+      vector<float> row(hc);
+      float mx = -INFINITY, sum = 0;
+      for (int k = 0; k < hc; ++k) mx = std::max(mx, row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k]);
+      for (int k = 0; k < hc; ++k) sum += (row[k] = std::exp(row[k] - mx));
+      for (int k = 0; k < hc; ++k) C[j * hc + k] = row[k] / sum + eps;
+    }
+    for (int it = 0; it < iters; ++it) {
+      if (it)
+        for (int j = 0; j < hc; ++j) {
+          float s = 0;
+          for (int k = 0; k < hc; ++k) s += C[j * hc + k];
+          for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + eps);
+        }
+      for (int k = 0; k < hc; ++k) {
+        float s = 0;
+        for (int j = 0; j < hc; ++j) s += C[j * hc + k];
+        for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + eps);
+      }
+    }
+    vector<float> xin(d, 0.0f);
+    for (int s = 0; s < hc; ++s)
+      for (int64_t j = 0; j < d; ++j) xin[j] += pre[s] * Xt[s * d + j];
+    if (official) num::round_bf16(xin.data(), d);
+    cpu::rms_norm(xin.data(), d, nw.data(), 1e-6, r.x.data() + t * d);
+    if (official) num::round_bf16(r.x.data() + t * d, d);
+  }
+  return r;
+}
+// Post: X_k = post_k * y + sum_i comb[i, k] X_i.
+vector<float> mhc_post_ref(const vector<float>& X, const vector<float>& y, const vector<float>& post,
+                           const vector<float>& comb, int n, int hc, int64_t d, bool official) {
+  vector<float> Xr = X;
+  for (int t = 0; t < n; ++t)
+    for (int k = 0; k < hc; ++k)
+      for (int64_t j = 0; j < d; ++j) {
+        float v = post[t * hc + k] * y[t * d + j];
+        for (int i = 0; i < hc; ++i) v += comb[t * hc * hc + i * hc + k] * X[(t * hc + i) * d + j];
+        Xr[(t * hc + k) * d + j] = official ? num::decode_bf16(num::encode_bf16(v)) : v;
+      }
+  return Xr;
+}
+
+// Random weights of one mHC pre site: fn [mix, hc*d], base [mix], scale [3], norm weight [d].
+struct MhcSite {
+  vector<float> fn, base, scale, nw;
+  MhcSite(std::mt19937& g, int hc, int64_t d) {
+    const int mixn = (2 + hc) * hc;
+    fn = randn(static_cast<size_t>(mixn * hc * d), g, 0.01f), base = randn(mixn, g, 0.1f), scale = randn(3, g, 0.5f);
+    nw = randn(d, g, 0.1f);
+    for (auto& v : nw) v += 1.0f;
+  }
+};
+
 TEST(CudaOps, MhcPrePost) {
   std::mt19937 g(21);
-  const int hc = 4, n = 3, mixn = (2 + hc) * hc, iters = 20;
+  const int hc = 4, n = 3, iters = 20;
   const int64_t d = 4096;
   const float eps = 1e-6f;
-  vector<float> X = randn(static_cast<size_t>(n * hc * d), g), fn = randn(static_cast<size_t>(mixn * hc * d), g, 0.01f),
-                base = randn(mixn, g, 0.1f), scale = randn(3, g, 0.5f), nw = randn(d, g, 0.1f), y = randn(static_cast<size_t>(n * d), g);
-  for (auto& v : nw) v += 1.0f;
-  auto sig = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  const vector<float> X = randn(static_cast<size_t>(n * hc * d), g);
+  const MhcSite w(g, hc, d);
+  const vector<float> y = randn(static_cast<size_t>(n * d), g);
   for (bool official : {false, true}) {
-    vector<float> xr(static_cast<size_t>(n * d)), postr(static_cast<size_t>(n * hc)), combr(static_cast<size_t>(n * hc * hc));
-    for (int t = 0; t < n; ++t) {
-      const float* Xt = X.data() + t * hc * d;
-      double ss = 0;
-      for (int64_t j = 0; j < hc * d; ++j) ss += static_cast<double>(Xt[j]) * Xt[j];
-      float rs = static_cast<float>(1.0 / std::sqrt(ss / (hc * d) + 1e-6));
-      float mix[24], pre[4];
-      for (int r = 0; r < mixn; ++r) mix[r] = cpu::dot(fn.data() + r * hc * d, Xt, hc * d) * rs;
-      for (int s = 0; s < hc; ++s) pre[s] = sig(mix[s] * scale[0] + base[s]) + eps;
-      for (int s = 0; s < hc; ++s) postr[t * hc + s] = 2.0f * sig(mix[hc + s] * scale[1] + base[hc + s]);
-      float* C = combr.data() + t * hc * hc;
-      for (int j = 0; j < hc; ++j) {
-        float row[4], mx = -INFINITY, sum = 0;
-        for (int k = 0; k < hc; ++k) mx = std::max(mx, row[k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k]);
-        for (int k = 0; k < hc; ++k) sum += (row[k] = std::exp(row[k] - mx));
-        for (int k = 0; k < hc; ++k) C[j * hc + k] = row[k] / sum + eps;
-      }
-      for (int it = 0; it < iters; ++it) {
-        if (it)
-          for (int j = 0; j < hc; ++j) {
-            float s = 0;
-            for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-            for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + eps);
-          }
-        for (int k = 0; k < hc; ++k) {
-          float s = 0;
-          for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-          for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + eps);
-        }
-      }
-      vector<float> xin(d, 0.0f);
-      for (int s = 0; s < hc; ++s)
-        for (int64_t j = 0; j < d; ++j) xin[j] += pre[s] * Xt[s * d + j];
-      if (official) num::round_bf16(xin.data(), d);
-      cpu::rms_norm(xin.data(), d, nw.data(), 1e-6, xr.data() + t * d);
-      if (official) num::round_bf16(xr.data() + t * d, d);
-    }
-    DBuf<float> dX(X), dfn(fn), dbase(base), dscale(scale), dnw(nw), dx(xr.size()), dpost(postr.size()), dcomb(combr.size());
+    const MhcPreRef ref = mhc_pre_ref(X, n, hc, d, w.fn, w.base, w.scale, w.nw, iters, eps, official);
+    DBuf<float> dX(X), dfn(w.fn), dbase(w.base), dscale(w.scale), dnw(w.nw), dx(ref.x.size()), dpost(ref.post.size()),
+        dcomb(ref.comb.size());
     cu::HcPreArgs a;
     a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
     a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p, a.post = dpost.p,
@@ -891,22 +929,66 @@ TEST(CudaOps, MhcPrePost) {
     DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
     a.partial = dpart.p;
     cu::hc_pre(a, nullptr);
-    expect_close(dx.get(), xr, official, "mhc pre x (hc=4, d=4096)");
-    expect_close(dpost.get(), postr, false, "mhc pre post");
-    expect_close(dcomb.get(), combr, false, "mhc pre comb (sinkhorn)");
-    // post: X_k = post_k * y + sum_i comb[i, k] X_i.
-    vector<float> Xr = X;
-    for (int t = 0; t < n; ++t)
-      for (int k = 0; k < hc; ++k)
-        for (int64_t j = 0; j < d; ++j) {
-          float v = postr[t * hc + k] * y[t * d + j];
-          for (int i = 0; i < hc; ++i) v += combr[t * hc * hc + i * hc + k] * X[(t * hc + i) * d + j];
-          Xr[(t * hc + k) * d + j] = official ? num::decode_bf16(num::encode_bf16(v)) : v;
-        }
-    DBuf<float> dy(y), dpost2(postr), dcomb2(combr);
+    expect_close(dx.get(), ref.x, official, "mhc pre x (hc=4, d=4096)");
+    expect_close(dpost.get(), ref.post, false, "mhc pre post");
+    expect_close(dcomb.get(), ref.comb, false, "mhc pre comb (sinkhorn)");
+    DBuf<float> dy(y), dpost2(ref.post), dcomb2(ref.comb);
     cu::hc_post(dy.p, dpost2.p, dcomb2.p, n, hc, d, official, dX.p, nullptr);
-    expect_close(dX.get(), Xr, official, "mhc post (hc=4, d=4096)");
+    expect_close(dX.get(), mhc_post_ref(X, y, ref.post, ref.comb, n, hc, d, official), official, "mhc post (hc=4, d=4096)");
   }
+}
+
+// hc_post_pre (the post fused into the next pre's mix kernel) against hc_post then hc_pre: bit-identical streams and
+// pre outputs, at both models' widths, for a decode step and a prefill chunk; and against the CPU twins. post/comb
+// come from an earlier pre (realistic values) and are read and overwritten in place, as the forward does.
+TEST(CudaOps, MhcPostPreFused) {
+  const int hc = 4, iters = 20;
+  const float eps = 1e-6f;
+  for (int64_t d : {int64_t{4096}, int64_t{7168}})
+    for (int n : {1, 37}) {
+      std::mt19937 g(static_cast<unsigned>(d + n));
+      const MhcSite prev(g, hc, d), next(g, hc, d);
+      const vector<float> X = randn(static_cast<size_t>(n * hc * d), g), y = randn(static_cast<size_t>(n * d), g);
+      for (bool official : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "d=" << d << " n=" << n << (official ? " official" : " reference"));
+        const MhcPreRef in = mhc_pre_ref(X, n, hc, d, prev.fn, prev.base, prev.scale, prev.nw, iters, eps, official);
+        DBuf<float> dfn(next.fn), dbase(next.base), dscale(next.scale), dnw(next.nw), dy(y);
+        struct Out {
+          vector<float> X, x, post, comb;
+        };
+        auto run = [&](bool fused) {
+          DBuf<float> dX(X), dx(static_cast<size_t>(n * d)), dpost(in.post), dcomb(in.comb);
+          DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
+          cu::HcPreArgs a;
+          a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+          a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p,
+          a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p;
+          if (fused) {
+            cu::hc_post_pre(dy.p, dpost.p, dcomb.p, dX.p, a, nullptr);
+          } else {
+            cu::hc_post(dy.p, dpost.p, dcomb.p, n, hc, d, official, dX.p, nullptr);
+            cu::hc_pre(a, nullptr);
+          }
+          return Out{dX.get(), dx.get(), dpost.get(), dcomb.get()};
+        };
+        const Out split = run(false), fused = run(true);
+        auto same_bits = [](const vector<float>& a, const vector<float>& b, const char* what) {
+          ASSERT_EQ(a.size(), b.size()) << what;
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " differs from hc_post + hc_pre";
+        };
+        same_bits(fused.X, split.X, "fused X");
+        same_bits(fused.x, split.x, "fused x");
+        same_bits(fused.post, split.post, "fused post");
+        same_bits(fused.comb, split.comb, "fused comb");
+        // CPU twins: the post from the same inputs, the pre from the streams the GPU wrote (so that a last-bit BF16
+        // difference in the post is not counted twice).
+        expect_close(fused.X, mhc_post_ref(X, y, in.post, in.comb, n, hc, d, official), official, "mhc fused post X");
+        const MhcPreRef out = mhc_pre_ref(fused.X, n, hc, d, next.fn, next.base, next.scale, next.nw, iters, eps, official);
+        expect_close(fused.x, out.x, official, "mhc fused pre x");
+        expect_close(fused.post, out.post, false, "mhc fused pre post");
+        expect_close(fused.comb, out.comb, false, "mhc fused pre comb");
+      }
+    }
 }
 
 // ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------

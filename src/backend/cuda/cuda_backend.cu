@@ -515,8 +515,7 @@ class CudaBackend final : public Backend {
     cuda::embed(embed_, embed_dtype_, c_.hidden, ids, n, c_.hc_mult, X, s_);
   }
 
-  void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
-    OpScope prof(this, "hc_pre");
+  cuda::HcPreArgs hc_pre_args(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) {
     const DevLayer& L = lay(layer);
     const DevHc& h = site == HcSite::Attn ? L.hc_attn : L.hc_ffn;
     cuda::HcPreArgs a;
@@ -527,12 +526,22 @@ class CudaBackend final : public Backend {
     a.sinkhorn_iters = c_.hc_sinkhorn_iters, a.official = official_;
     a.x = x, a.post = post, a.comb = comb;
     a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
-    cuda::hc_pre(a, s_);
+    return a;
+  }
+
+  void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
+    OpScope prof(this, "hc_pre");
+    cuda::hc_pre(hc_pre_args(layer, site, X, n, x, post, comb), s_);
   }
 
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
     OpScope prof(this, "hc_post");
     cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_);
+  }
+
+  void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) override {
+    OpScope prof(this, "hc_post_pre");
+    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_);
   }
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {

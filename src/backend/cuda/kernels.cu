@@ -351,14 +351,46 @@ __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int3
 
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices of the hc*d streams, tokens, groups of 8 mix
-// rows), each block
+// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices, tokens, groups of 8 mix rows), each block
 // streams its slice of the nmix rows of fn once and writes partial dot products plus the partial sum of squares;
-// (2) hc_finish_kernel: one block per token; warp 0 sums the partials in slice order (double), runs the sigmoids and
-// then the Sinkhorn iterations (lane = matrix element, same float operation order as the CPU) while the other warps
-// collapse the streams and apply the RMSNorm.
-constexpr int kHcSlice = 512;  // elements per block (128 threads x 4)
+// (2) hc_finish_kernel: one block per token; warp 0 sums the partials (double), runs the sigmoids and then the
+// Sinkhorn iterations while the other warps collapse the streams and apply the RMSNorm.
+// A slice is a range of kHcSliceCols columns of d across all hc streams (warp s = stream s, 4 columns per lane), so
+// that one block owns whole groups of the elementwise mHC post: hc_post_mix_kernel (the post fused into the next
+// pre's mix) computes its slice of the new streams from the old ones alone and produces the same partials.
+constexpr int kHcSliceCols = 128;  // 32 lanes x 4 columns
 constexpr int kHcMaxMix = 32;
+constexpr int kHcPostMix = 24;  // mix rows of a non-head pre at hc <= 4: (2 + hc) * hc
+static_assert(kHcPostMix <= kHcMaxMix);
+
+__device__ __forceinline__ float hc_dot4(float4 a, float4 b) {
+  // Explicit roundings: the fused and the unfused path must contract these products identically.
+  return __fmaf_rn(a.w, b.w, __fmaf_rn(a.z, b.z, __fmaf_rn(a.y, b.y, __fmul_rn(a.x, b.x))));
+}
+
+// One slice's partials (rows r0 .. r0 + R - 1 of the mix, from this thread's fn values f and stream values xv; the
+// sum of squares when with_ss), summed over lanes and then over the block's warps in warp order. Both mix kernels use
+// it, so a pre gives bit-identical results whether or not it was fused with the post before it.
+template <int R>
+__device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 xv, int r0, int nmix, bool with_ss,
+                                                  float (*red)[R + 1], float* out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  const float ss = warp_sum(hc_dot4(xv, xv));
+  if (lane == 0) red[warp][R] = ss;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = warp_sum(hc_dot4(f[r], xv));
+    if (lane == 0) red[warp][r] = v;
+  }
+  __syncthreads();
+  auto over_warps = [&](int r) {
+    float v = red[0][r];
+    for (int w = 1; w < nwarps; ++w) v += red[w][r];
+    return v;
+  };
+  if (threadIdx.x < R && r0 + static_cast<int>(threadIdx.x) < nmix) out[r0 + threadIdx.x] = over_warps(threadIdx.x);
+  if (with_ss && threadIdx.x == R) out[kHcMaxMix] = over_warps(R);
+}
 
 __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
   // pdl_wait() after the loads of fn (constant weights): they overlap the previous kernel's tail.
@@ -366,34 +398,72 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   // give, each thread with its 8 float4 loads in flight (the v2 kernel was latency-bound at 32 blocks).
   __shared__ float red[4][9];
   const int sl = blockIdx.x, t = blockIdx.y, rb = blockIdx.z * 8;
-  const int64_t nf = a.hc * a.d;
-  const float* Xt = a.X + t * nf;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t j = static_cast<int64_t>(sl) * kHcSlice + threadIdx.x * 4;
-  const bool inb = j < nf;
+  const int64_t d = a.d, nf = a.hc * d;
+  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4, e = (threadIdx.x >> 5) * d + j;
+  const bool inb = j < d;
   const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float4 f[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r)
-    f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + j)) : z4;
+    f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
   pdl_wait();
-  const float4 xv = inb ? *reinterpret_cast<const float4*>(Xt + j) : z4;
-  float ss = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp][8] = ss;
+  const float4 xv = inb ? *reinterpret_cast<const float4*>(a.X + t * nf + e) : z4;
+  hc_slice_partials<8>(f, xv, rb, nmix, blockIdx.z == 0, red, partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1));
+}
+
+// One output of the mHC post: post_k * y + sum_s comb[s][k] * X_s in stream order ([official] BF16), with explicit
+// roundings; hc_post_kernel and hc_post_mix_kernel share it so that both write bit-identical streams.
+template <int M>
+__device__ __forceinline__ float hc_post_value(float post_k, float y, const float (&comb_k)[M], const float (&xs)[M],
+                                               int hc, bool official) {
+  float v = __fmul_rn(post_k, y);
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    float v = f[r].x * xv.x + f[r].y * xv.y + f[r].z * xv.z + f[r].w * xv.w;
-    v = warp_sum(v);
-    if (lane == 0) red[warp][r] = v;
+  for (int s = 0; s < M; ++s)
+    if (s < hc) v = __fmaf_rn(comb_k[s], xs[s], v);
+  return official ? bf16r(v) : v;
+}
+
+// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, tokens): the block owns its
+// slice's columns of every stream, so warp s computes the new stream s there from the old streams (as
+// hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
+// All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
+// them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
+__global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
+                                                           HcPreArgs a, int nmix, int nslices, float* partial) {
+  __shared__ float red[4][kHcPostMix + 1];
+  const int sl = blockIdx.x, t = blockIdx.y, hc = a.hc, k = threadIdx.x >> 5;
+  const int64_t d = a.d, nf = hc * d;
+  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
+  const bool inb = j < d;
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 f[kHcPostMix];
+#pragma unroll
+  for (int r = 0; r < kHcPostMix; ++r)
+    f[r] = (inb && r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + k * d + j)) : z4;
+  pdl_wait();
+  float* Xt = X + t * nf;
+  float4 xs[4];
+  float comb_k[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
+    comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
   }
-  __syncthreads();
-  float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
-  if (threadIdx.x < 8 && rb + threadIdx.x < nmix) {
-    const int r = threadIdx.x;
-    out[rb + r] = red[0][r] + red[1][r] + red[2][r] + red[3][r];
-  }
-  if (blockIdx.z == 0 && threadIdx.x == 8) out[kHcMaxMix] = red[0][8] + red[1][8] + red[2][8] + red[3][8];
+  const float post_k = post[t * hc + k];
+  const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
+  // old[c][s]: column j + c of stream s.
+  const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
+                           {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
+                           {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
+                           {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
+  const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
+                                      hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
+                                      hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
+                                      hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
+                        : z4;
+  __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
+  if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
+  hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1));
 }
 
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
@@ -636,11 +706,11 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
 #pragma unroll
     for (int k = 0; k < M; ++k) {
       if (k >= hc) continue;
-      float v = post[t * hc + k] * y[t * d + j];
+      float comb_k[M];
 #pragma unroll
       for (int s = 0; s < M; ++s)
-        if (s < hc) v += C[s * hc + k] * xs[s];
-      out[k] = official ? bf16r(v) : v;
+        if (s < hc) comb_k[s] = C[s * hc + k];
+      out[k] = hc_post_value<M>(post[t * hc + k], y[t * d + j], comb_k, xs, hc, official);
     }
 #pragma unroll
     for (int k = 0; k < M; ++k)
@@ -2135,23 +2205,34 @@ void embed(const void* table, int dtype, int64_t d, const int32_t* ids, int n, i
 }
 
 int64_t hc_pre_scratch_floats(int n, int hc, int64_t d) {
-  return static_cast<int64_t>(n) * ((hc * d + kHcSlice - 1) / kHcSlice) * (kHcMaxMix + 1);
+  (void)hc;  // a slice spans every stream
+  return static_cast<int64_t>(n) * ((d + kHcSliceCols - 1) / kHcSliceCols) * (kHcMaxMix + 1);
 }
+
+namespace {
+int hc_nmix(const HcPreArgs& a) { return a.head ? a.hc : (2 + a.hc) * a.hc; }
+
+int hc_slices(const HcPreArgs& a, const char* op) {
+  if (a.hc < 1 || a.hc > 4) fail(op, ": hc_mult ", a.hc, " outside the kernels' 1..4 (one warp per stream)");
+  if (!a.partial) fail(op, ": no partial-sum scratch (hc_pre_scratch_floats)");
+  if (a.d % 4 != 0) fail(op, ": hidden (", a.d, ") must be a multiple of 4");
+  return static_cast<int>((a.d + kHcSliceCols - 1) / kHcSliceCols);
+}
+
+void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
+  const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
+  set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
+  launch(hc_finish_kernel, a.n, 512, sm, s, a, hc_nmix(a), nslices, a.partial);
+  DSV4_LAUNCHED();
+}
+}  // namespace
 
 void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  const int nmix = a.head ? a.hc : (2 + a.hc) * a.hc;
-  if (nmix > kHcMaxMix || a.hc > 4)
-    fail("hc_pre: hc_mult ", a.hc, " exceeds the kernel's limit (hc <= 4: (2+hc)*hc <= 32 mix rows)");
-  if (!a.partial) fail("hc_pre: no partial-sum scratch (hc_pre_scratch_floats)");
-  const int nslices = static_cast<int>((a.hc * a.d + kHcSlice - 1) / kHcSlice);
-  if ((a.hc * a.d) % 4 != 0) fail("hc_pre: hc_mult * hidden (", a.hc * a.d, ") must be a multiple of 4");
-  launch(hc_mix_kernel, dim3(nslices, a.n, (nmix + 7) / 8), 128, 0, s, a, nmix, nslices, a.partial);
+  const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_pre");
+  launch(hc_mix_kernel, dim3(nslices, a.n, (nmix + 7) / 8), 32 * a.hc, 0, s, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
-  const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
-  set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
-  launch(hc_finish_kernel, a.n, 512, sm, s, a, nmix, nslices, a.partial);
-  DSV4_LAUNCHED();
+  hc_finish(a, nslices, s);
 }
 
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
@@ -2161,6 +2242,16 @@ void hc_post(const float* y, const float* post, const float* comb, int n, int hc
   if (hc == 4) launch(hc_post_kernel<4>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
   else launch(hc_post_kernel<0>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
   DSV4_LAUNCHED();
+}
+
+void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s) {
+  if (a.n <= 0) return;
+  if (a.head) fail("hc_post_pre: the head's pre follows no post");
+  if (a.X != X) fail("hc_post_pre: the pre must read the streams the post writes");
+  const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_post_pre");
+  launch(hc_post_mix_kernel, dim3(nslices, a.n), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial);
+  DSV4_LAUNCHED();
+  hc_finish(a, nslices, s);
 }
 
 void compressor(const CompressorArgs& a, cudaStream_t s) {

@@ -153,6 +153,10 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s);
 // X[t, k, :] = post[t, k] * y[t, :] + sum_i comb[t, i, k] * X[t, i, :]  ([official] bf16).
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
              cudaStream_t s);
+// hc_post(y, post, comb, a.n, a.hc, a.d, a.official, X) then hc_pre(a) on the new streams (a.X == X), bit-identical,
+// in two launches instead of three: the post runs inside the mix kernel. post/comb may be a.post/a.comb (the pre's
+// outputs are written by its last launch, after every read of the post's inputs).
+void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s);
 
 // Compressor step over a chunk whose projections K, Z [n, coff*c] are precomputed. State sK/sZ [coff*m, coff*c],
 // cache rows appended from index `count0`. Emits the entries of windows completed in [pos0, pos0 + n).

@@ -229,6 +229,11 @@ class TpBackend final : public Backend {
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
     each([&](Backend& b, size_t r) { b.hc_post(map(y, r), map(post, r), map(comb, r), n, map(X, r)); });
   }
+  void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) override {
+    each([&](Backend& b, size_t r) {
+      b.hc_post_pre(map(y, r), map(post, r), map(comb, r), n, map(X, r), layer, site, map(x, r));
+    });
+  }
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     each([&](Backend& b, size_t r) { b.attn_qkv(layer, map(x, r), n, pos0, map(qr, r), map(q, r), map(kv, r)); });
   }

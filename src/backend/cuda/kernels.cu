@@ -478,72 +478,70 @@ __device__ __forceinline__ float div_corrected(float x, float y, float r) {
   return fmaf(fmaf(-q, y, x), r, q);
 }
 
-// The Sinkhorn of comb (hc_finish_kernel's warp 0; hc <= 4): every lane holds the whole hc x hc matrix in registers
-// (no shuffles), row softmax, then iterations of (row, column) normalisation, sums in the CPU reference's order; the
-// divisions by div_corrected. Probe on an H200 (one warp, hc 4, 20 iterations): 14,300 cycles with shuffles and IEEE
-// divisions (~7 us, the critical path of every hc_pre), 6,000 like this, with the same results on its input.
+// The Sinkhorn of comb (hc_finish_kernel's warp 0), HC = hc_mult as a constant: every lane holds the whole HC x HC
+// matrix in registers (no shuffles), row softmax, then iterations of (row, column) normalisation, sums in the CPU
+// reference's order; the divisions by div_corrected. Probe on an H200 (one warp, hc 4, 20 iterations): 14,300 cycles
+// with shuffles and IEEE divisions (~7 us, the critical path of every hc_pre), 6,000 like this, with the same results
+// on its input. A run-time hc (guarded loops) compiled to a branch per element and was slower than the shuffles.
+template <int HC>
 __device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
-  constexpr int M = 4;
-  const int hc = a.hc, lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31;
   const float eps = a.hc_eps;
-  // The comb biases: lane l holds element l's (read before griddepcontrol.wait); gather them into every lane.
-  float c[M][M];
+  // The comb biases: lane l holds element l's (read before griddepcontrol.wait); every lane gathers them all.
+  float c[HC][HC];
 #pragma unroll
-  for (int j = 0; j < M; ++j)
+  for (int j = 0; j < HC; ++j)
 #pragma unroll
-    for (int k = 0; k < M; ++k) {
-      const float b = __shfl_sync(0xffffffffu, b_comb, (j * hc + k) & 31);
-      c[j][k] = (j < hc && k < hc) ? mix[2 * hc + j * hc + k] * sc_comb + b : 0.0f;
-    }
+    for (int k = 0; k < HC; ++k) c[j][k] = mix[2 * HC + j * HC + k] * sc_comb + __shfl_sync(0xffffffffu, b_comb, j * HC + k);
 #pragma unroll
-  for (int j = 0; j < M; ++j) {
-    if (j >= hc) continue;
-    float mx = -INFINITY, sum = 0.0f;
+  for (int j = 0; j < HC; ++j) {
+    float mx = c[j][0], sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < M; ++k)
-      if (k < hc) mx = fmaxf(mx, c[j][k]);
+    for (int k = 1; k < HC; ++k) mx = fmaxf(mx, c[j][k]);
 #pragma unroll
-    for (int k = 0; k < M; ++k)
-      if (k < hc) sum += (c[j][k] = expf(c[j][k] - mx));
+    for (int k = 0; k < HC; ++k) sum += (c[j][k] = expf(c[j][k] - mx));
     const float r = rcp_approx(sum);
 #pragma unroll
-    for (int k = 0; k < M; ++k)
-      if (k < hc) c[j][k] = div_corrected(c[j][k], sum, r) + eps;
+    for (int k = 0; k < HC; ++k) c[j][k] = div_corrected(c[j][k], sum, r) + eps;
   }
   for (int it = 0; it < a.sinkhorn_iters; ++it) {
     if (it > 0)
 #pragma unroll
-      for (int j = 0; j < M; ++j) {
-        if (j >= hc) continue;
+      for (int j = 0; j < HC; ++j) {
         float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < M; ++k)
-          if (k < hc) s += c[j][k];
+        for (int k = 0; k < HC; ++k) s += c[j][k];
         s += eps;
         const float r = rcp_approx(s);
 #pragma unroll
-        for (int k = 0; k < M; ++k)
-          if (k < hc) c[j][k] = div_corrected(c[j][k], s, r);
+        for (int k = 0; k < HC; ++k) c[j][k] = div_corrected(c[j][k], s, r);
       }
 #pragma unroll
-    for (int k = 0; k < M; ++k) {
-      if (k >= hc) continue;
+    for (int k = 0; k < HC; ++k) {
       float s = 0.0f;
 #pragma unroll
-      for (int j = 0; j < M; ++j)
-        if (j < hc) s += c[j][k];
+      for (int j = 0; j < HC; ++j) s += c[j][k];
       s += eps;
       const float r = rcp_approx(s);
 #pragma unroll
-      for (int j = 0; j < M; ++j)
-        if (j < hc) c[j][k] = div_corrected(c[j][k], s, r);
+      for (int j = 0; j < HC; ++j) c[j][k] = div_corrected(c[j][k], s, r);
     }
   }
+  float mine = 0.0f;
 #pragma unroll
-  for (int j = 0; j < M; ++j)
+  for (int j = 0; j < HC; ++j)
 #pragma unroll
-    for (int k = 0; k < M; ++k)
-      if (j < hc && k < hc && lane == j * hc + k) a.comb[t * hc * hc + lane] = c[j][k];
+    for (int k = 0; k < HC; ++k)
+      if (lane == j * HC + k) mine = c[j][k];
+  if (lane < HC * HC) a.comb[t * HC * HC + lane] = mine;
+}
+__device__ __forceinline__ void hc_sinkhorn(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
+  switch (a.hc) {  // 1..4 (hc_slices checks)
+    case 4: hc_sinkhorn_warp<4>(a, t, mix, sc_comb, b_comb); break;
+    case 3: hc_sinkhorn_warp<3>(a, t, mix, sc_comb, b_comb); break;
+    case 2: hc_sinkhorn_warp<2>(a, t, mix, sc_comb, b_comb); break;
+    default: hc_sinkhorn_warp<1>(a, t, mix, sc_comb, b_comb); break;
+  }
 }
 
 __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
@@ -595,7 +593,7 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     }
   }
   // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of
-  // one per slice), then warp 0 sums them in slice order.
+  // one per slice), then warp 0 sums them.
   const int npart = nslices * (kHcMaxMix + 1);
   for (int i = threadIdx.x; i < npart; i += blockDim.x) xin[i] = partial[static_cast<int64_t>(t) * npart + i];
   __syncthreads();
@@ -605,14 +603,18 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     // float partials' sum is exact in double in practice whatever the order.
     const float* pp = xin;
     double ssq[4] = {0.0, 0.0, 0.0, 0.0}, mq[4] = {0.0, 0.0, 0.0, 0.0};
-    for (int s0 = 0; s0 < nslices; s0 += 4) {
+    const int mrow = lane < nmix ? lane : kHcMaxMix;  // spare lanes re-sum the squares (not kept)
+    int sl = 0;
+    for (; sl + 4 <= nslices; sl += 4) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int sl = s0 + u;
-        if (sl >= nslices) break;
-        ssq[u] += pp[sl * (kHcMaxMix + 1) + kHcMaxMix];
-        if (lane < nmix) mq[u] += pp[sl * (kHcMaxMix + 1) + lane];
+        ssq[u] += pp[(sl + u) * (kHcMaxMix + 1) + kHcMaxMix];
+        mq[u] += pp[(sl + u) * (kHcMaxMix + 1) + mrow];
       }
+    }
+    for (; sl < nslices; ++sl) {  // the last nslices % 4 slices: chain 0
+      ssq[0] += pp[sl * (kHcMaxMix + 1) + kHcMaxMix];
+      mq[0] += pp[sl * (kHcMaxMix + 1) + mrow];
     }
     const double ssd = (ssq[0] + ssq[1]) + (ssq[2] + ssq[3]), md = (mq[0] + mq[1]) + (mq[2] + mq[3]);
     const float rs = static_cast<float>(1.0 / sqrt(ssd / static_cast<double>(nf) + a.rms_eps));
@@ -621,12 +623,12 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     __syncwarp();
     if (lane < hc) pre[lane] = sigm(mix[lane] * sc_pre + b_pre) + a.hc_eps;
     if (!a.head && lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * sc_post + b_post);
-    if (!a.head && !pf) hc_sinkhorn_warp(a, t, mix, sc_comb, b_comb);
+    if (!a.head && !pf) hc_sinkhorn(a, t, mix, sc_comb, b_comb);
   }
   __syncthreads();  // pre is out; warp 0 is done with the staged partials before xin is reused below
   if (pf) {
     if (warp == 0) {
-      if (!a.head) hc_sinkhorn_warp(a, t, mix, sc_comb, b_comb);
+      if (!a.head) hc_sinkhorn(a, t, mix, sc_comb, b_comb);
       return;  // no block-wide barrier follows: the collapse threads synchronise on named barrier 1 among themselves
     }
     // Same arithmetic as the loops below (collapse in stream order, [official] BF16, x * r * w), from registers.

@@ -1133,6 +1133,19 @@ TEST(CudaOps, NormRopeSim8Kv) {
     a.pos0 = pos0, a.official = official, a.sim8_block = 64;
     cu::norm_rope(a, nullptr);
     expect_close(dy.get(), ref, official, "kv norm+rope+sim8 D=512");
+    // Two row sets in one launch (attn_qkv: a q_lora-like norm of other rows, then these): each set bit for bit as
+    // norm_rope alone.
+    const int64_t L2 = 1536;
+    vector<float> x2 = randn(static_cast<size_t>(3 * L2), g), w2 = randn(L2, g, 0.1f);
+    DBuf<float> dx2(x2), dw2(w2), dy2(x2.size()), dy2b(x2.size()), dyb(x.size());
+    cu::NormRopeArgs q;
+    q.x = dx2.p, q.y = dy2.p, q.rows = 3, q.len = L2, q.w = dw2.p, q.eps = 1e-6, q.official = official;
+    cu::norm_rope(q, nullptr);
+    cu::NormRopeArgs q2 = q, a2 = a;
+    q2.y = dy2b.p, a2.y = dyb.p;
+    cu::norm_rope2(q2, a2, nullptr);
+    EXPECT_EQ(dy2.get(), dy2b.get()) << "norm_rope2: first set";
+    EXPECT_EQ(dy.get(), dyb.get()) << "norm_rope2: second set";
   }
 }
 

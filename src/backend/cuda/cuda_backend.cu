@@ -570,15 +570,14 @@ class CudaBackend final : public Backend {
     }
     cuda::NormRopeArgs a;
     a.x = tmp, a.y = qr, a.rows = n, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps, a.official = official_;
-    cuda::norm_rope(a, s_);
-    lin(L.wq_b, qr, n, q);
     cuda::NormRopeArgs b;
     b.x = q, b.y = q, b.rows = n * H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
     b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_, b.dpos = dpos();
-    cuda::norm_rope(b, s_);
     cuda::NormRopeArgs k = b;
     k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
-    cuda::norm_rope(k, s_);
+    cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
+    lin(L.wq_b, qr, n, q);
+    cuda::norm_rope(b, s_);
   }
 
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,

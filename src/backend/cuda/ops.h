@@ -123,6 +123,8 @@ struct NormRopeArgs {
   const int64_t* dpos = nullptr;  // graph mode: pos0 is read from this device scalar instead (see DecodeGraph)
 };
 void norm_rope(const NormRopeArgs& a, cudaStream_t s);
+// Two independent row sets (a's rows, then b's) in one launch; each row exactly as norm_rope computes it.
+void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s);
 
 // X[t, s, :] = embed[ids[t], :] for every stream s. dtype: 0 f32, 1 bf16, 2 f16.
 void embed(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X, cudaStream_t s);

@@ -991,6 +991,71 @@ TEST(CudaOps, MhcPostPreFused) {
     }
 }
 
+// Decode's lazy comb (HcPreArgs::comb_logits): the pre leaves the Sinkhorn's logits in comb and the post that reads
+// them (hc_post or hc_post_pre, HcCombSrc::logits) finishes the Sinkhorn itself. Everything must be bit for bit what
+// the eager path (the Sinkhorn in hc_finish) computes.
+TEST(CudaOps, MhcCombLogits) {
+  const int hc = 4, iters = 20, n = 1;
+  const float eps = 1e-6f;
+  for (int64_t d : {int64_t{4096}, int64_t{7168}}) {
+    std::mt19937 g(static_cast<unsigned>(d + 5));
+    const MhcSite prev(g, hc, d), next(g, hc, d);
+    const vector<float> X = randn(static_cast<size_t>(n * hc * d), g), y = randn(static_cast<size_t>(n * d), g);
+    for (bool official : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "d=" << d << (official ? " official" : " reference"));
+      struct Pre {
+        vector<float> x, post, comb;
+      };
+      DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
+      auto args = [&](const MhcSite& site, DBuf<float>& dfn, DBuf<float>& dbase, DBuf<float>& dscale, DBuf<float>& dnw,
+                      float* dX, float* dx, float* dpost, float* dcomb, bool logits) {
+        cu::HcPreArgs a;
+        a.X = dX, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+        a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx, a.post = dpost,
+        a.comb = dcomb, a.partial = dpart.p, a.comb_logits = logits;
+        (void)site;
+        return a;
+      };
+      DBuf<float> pfn(prev.fn), pbase(prev.base), pscale(prev.scale), pnw(prev.nw);
+      DBuf<float> nfn(next.fn), nbase(next.base), nscale(next.scale), nnw(next.nw), dy(y);
+      auto run_pre = [&](bool logits) {
+        DBuf<float> dX(X), dx(static_cast<size_t>(d)), dpost(static_cast<size_t>(hc)), dcomb(static_cast<size_t>(hc * hc));
+        cu::hc_pre(args(prev, pfn, pbase, pscale, pnw, dX.p, dx.p, dpost.p, dcomb.p, logits), nullptr);
+        return Pre{dx.get(), dpost.get(), dcomb.get()};
+      };
+      const Pre E = run_pre(false), L = run_pre(true);
+      auto same_bits = [](const vector<float>& a, const vector<float>& b, const char* what) {
+        ASSERT_EQ(a.size(), b.size()) << what;
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what;
+      };
+      same_bits(L.x, E.x, "pre x with comb logits");
+      same_bits(L.post, E.post, "pre post with comb logits");
+      EXPECT_NE(std::memcmp(L.comb.data(), E.comb.data(), E.comb.size() * sizeof(float)), 0) << "logits are not the comb";
+      // The posts on the eager comb and on the logits, unfused and fused with the next pre (itself eager).
+      const cu::HcCombSrc lazy{true, eps, iters};
+      for (bool fused : {false, true}) {
+        vector<float> outs[2][3];
+        for (int lz = 0; lz < 2; ++lz) {
+          const Pre& P = lz ? L : E;
+          DBuf<float> dX(X), dpost(P.post), dcomb(P.comb), dx(static_cast<size_t>(d));
+          if (fused) {
+            cu::hc_post_pre(dy.p, dpost.p, dcomb.p, dX.p, args(next, nfn, nbase, nscale, nnw, dX.p, dx.p, dpost.p, dcomb.p, false),
+                            nullptr, lz ? lazy : cu::HcCombSrc{});
+          } else {
+            cu::hc_post(dy.p, dpost.p, dcomb.p, n, hc, d, official, dX.p, nullptr, lz ? lazy : cu::HcCombSrc{});
+          }
+          outs[lz][0] = dX.get(), outs[lz][1] = dx.get(), outs[lz][2] = dcomb.get();
+        }
+        same_bits(outs[1][0], outs[0][0], fused ? "fused post X from logits" : "post X from logits");
+        if (fused) {
+          same_bits(outs[1][1], outs[0][1], "fused pre x after a post from logits");
+          same_bits(outs[1][2], outs[0][2], "fused pre comb after a post from logits");
+        }
+      }
+    }
+  }
+}
+
 // ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------
 void run_compressor(int m, int64_t c, bool overlap, bool main, bool official, int windows = 2) {
   std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap + windows));

@@ -526,19 +526,7 @@ class CudaBackend final : public Backend {
     a.sinkhorn_iters = c_.hc_sinkhorn_iters, a.official = official_;
     a.x = x, a.post = post, a.comb = comb;
     a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
-    // Decode (one token, hc 4): the pre leaves the Sinkhorn's logits in comb and the post that reads them finishes
-    // it before its griddepcontrol.wait, off hc_finish's critical path (bit for bit the same comb; ops.h).
-    a.comb_logits = n == 1 && a.hc == 4 && lazy_comb_ok_;
-    lazy_comb_ = a.comb_logits ? comb : nullptr;
     return a;
-  }
-  // The comb source of a post: the logits when the last pre wrote them to this buffer (Forward pairs each pre with
-  // the post that follows it, on the same buffers).
-  cuda::HcCombSrc comb_src(const float* comb) const {
-    cuda::HcCombSrc cs;
-    if (comb != nullptr && comb == lazy_comb_)
-      cs.logits = true, cs.eps = static_cast<float>(c_.hc_eps), cs.iters = c_.hc_sinkhorn_iters;
-    return cs;
   }
 
   void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
@@ -548,15 +536,12 @@ class CudaBackend final : public Backend {
 
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
     OpScope prof(this, "hc_post");
-    const cuda::HcCombSrc cs = comb_src(comb);
-    lazy_comb_ = nullptr;
-    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_, cs);
+    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_);
   }
 
   void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) override {
     OpScope prof(this, "hc_post_pre");
-    const cuda::HcCombSrc cs = comb_src(comb);  // before hc_pre_args records this pre's own choice
-    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_, cs);
+    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_);
   }
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
@@ -1266,13 +1251,6 @@ class CudaBackend final : public Backend {
   int gathered_n_ = 0;
   ModelConfig c_;
   bool official_ = false;
-  // The comb buffer the last pre filled with Sinkhorn logits (hc_pre_args), null when it wrote the finished matrix;
-  // DSV4_HC_LAZY_COMB=0 keeps the Sinkhorn in hc_finish (A/B).
-  const float* lazy_comb_ = nullptr;
-  bool lazy_comb_ok_ = [] {
-    const char* e = std::getenv("DSV4_HC_LAZY_COMB");
-    return !(e && std::string(e) == "0");
-  }();
   cudaStream_t s_ = nullptr;
   int64_t* dpos_ = nullptr;       // the position of the step being run in graph mode (device scalar)
   bool dyn_ = false;              // ops in graph mode: kernels read dpos_, scratch sized for the max context

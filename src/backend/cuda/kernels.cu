@@ -429,6 +429,49 @@ __device__ __forceinline__ float hc_post_value(float post_k, float y, const floa
   return official ? bf16r(v) : v;
 }
 
+// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, tokens): the block owns its
+// slice's columns of every stream, so warp s computes the new stream s there from the old streams (as
+// hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
+// All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
+// them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
+__global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
+                                                           HcPreArgs a, int nmix, int nslices, float* partial) {
+  __shared__ float red[4][kHcPostMix + 1];
+  const int sl = blockIdx.x, t = blockIdx.y, hc = a.hc, k = threadIdx.x >> 5;
+  const int64_t d = a.d, nf = hc * d;
+  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
+  const bool inb = j < d;
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 f[kHcPostMix];
+#pragma unroll
+  for (int r = 0; r < kHcPostMix; ++r)
+    f[r] = (inb && r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + k * d + j)) : z4;
+  pdl_wait();
+  float* Xt = X + t * nf;
+  float4 xs[4];
+  float comb_k[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
+    comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
+  }
+  const float post_k = post[t * hc + k];
+  const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
+  // old[c][s]: column j + c of stream s.
+  const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
+                           {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
+                           {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
+                           {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
+  const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
+                                      hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
+                                      hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
+                                      hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
+                        : z4;
+  __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
+  if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
+  hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1));
+}
+
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
 // but rare cases. An IEEE division costs ~64 cycles of dependent latency on one warp (tools/gpu/probes/hc_finish_probe.cu).
 __device__ __forceinline__ float rcp_approx(float x) {
@@ -441,13 +484,21 @@ __device__ __forceinline__ float div_corrected(float x, float y, float r) {
   return fmaf(fmaf(-q, y, x), r, q);
 }
 
-// The Sinkhorn of comb on its logits c (mix * scale + bias), HC = hc_mult as a constant: every lane holds the whole
-// HC x HC matrix in registers (no shuffles), row softmax, then iterations of (row, column) normalisation, sums in the
-// CPU reference's order; the divisions by div_corrected. Probe on an H200 (one warp, hc 4, 20 iterations): 14,300
-// cycles with shuffles and IEEE divisions (~7 us, the critical path of every hc_pre), 6,000 like this, with the same
-// results on its input. A run-time hc (guarded loops) compiled to a branch per element and was slower than the shuffles.
+// The Sinkhorn of comb (hc_finish_kernel's warp 0), HC = hc_mult as a constant: every lane holds the whole HC x HC
+// matrix in registers (no shuffles), row softmax, then iterations of (row, column) normalisation, sums in the CPU
+// reference's order; the divisions by div_corrected. Probe on an H200 (one warp, hc 4, 20 iterations): 14,300 cycles
+// with shuffles and IEEE divisions (~7 us, the critical path of every hc_pre), 6,000 like this, with the same results
+// on its input. A run-time hc (guarded loops) compiled to a branch per element and was slower than the shuffles.
 template <int HC>
-__device__ __forceinline__ void hc_sinkhorn_core(float (&c)[HC][HC], float eps, int iters) {
+__device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
+  const int lane = threadIdx.x & 31;
+  const float eps = a.hc_eps;
+  // The comb biases: lane l holds element l's (read before griddepcontrol.wait); every lane gathers them all.
+  float c[HC][HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j)
+#pragma unroll
+    for (int k = 0; k < HC; ++k) c[j][k] = mix[2 * HC + j * HC + k] * sc_comb + __shfl_sync(0xffffffffu, b_comb, j * HC + k);
 #pragma unroll
   for (int j = 0; j < HC; ++j) {
     float mx = c[j][0], sum = 0.0f;
@@ -459,7 +510,7 @@ __device__ __forceinline__ void hc_sinkhorn_core(float (&c)[HC][HC], float eps, 
 #pragma unroll
     for (int k = 0; k < HC; ++k) c[j][k] = div_corrected(c[j][k], sum, r) + eps;
   }
-  for (int it = 0; it < iters; ++it) {
+  for (int it = 0; it < a.sinkhorn_iters; ++it) {
     if (it > 0)
 #pragma unroll
       for (int j = 0; j < HC; ++j) {
@@ -482,87 +533,6 @@ __device__ __forceinline__ void hc_sinkhorn_core(float (&c)[HC][HC], float eps, 
       for (int j = 0; j < HC; ++j) c[j][k] = div_corrected(c[j][k], s, r);
     }
   }
-}
-
-// A post's comb for token t: read as is, or -- cs.logits (decode: HcPreArgs::comb_logits left the Sinkhorn's input
-// there) -- the Sinkhorn computed here, by every lane of the calling warp, from the logits. Called BEFORE
-// griddepcontrol.wait: the logits come from the hc_finish of this step's pre, which completed at least two kernels
-// earlier (this grid is launched when its predecessor passes its own wait, so everything before that predecessor is
-// done and visible), so the ~3 us of the Sinkhorn overlap the predecessor instead of lengthening hc_finish, which the
-// next kernel waits for. Read through L2 (__ldcg): an SM's L1 may hold the previous step's line.
-__device__ __forceinline__ void hc_comb_from_logits(const float* comb, int t, const HcCombSrc& cs, float (&c)[4][4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) c[j][k] = __ldcg(comb + t * 16 + j * 4 + k);
-  hc_sinkhorn_core<4>(c, cs.eps, cs.iters);
-}
-
-// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, tokens): the block owns its
-// slice's columns of every stream, so warp s computes the new stream s there from the old streams (as
-// hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
-// All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
-// them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
-__global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
-                                                           HcPreArgs a, int nmix, int nslices, float* partial,
-                                                           HcCombSrc cs) {
-  __shared__ float red[4][kHcPostMix + 1];
-  const int sl = blockIdx.x, t = blockIdx.y, hc = a.hc, k = threadIdx.x >> 5;
-  const int64_t d = a.d, nf = hc * d;
-  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
-  const bool inb = j < d;
-  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 f[kHcPostMix];
-#pragma unroll
-  for (int r = 0; r < kHcPostMix; ++r)
-    f[r] = (inb && r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + k * d + j)) : z4;
-  float comb_k[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (cs.logits) {  // hc == 4 (the launcher checks); column k of the finished matrix, from registers
-    float c[4][4];
-    hc_comb_from_logits(comb, t, cs, c);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      if (kk == k)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) comb_k[s] = c[s][kk];
-  }
-  pdl_wait();
-  float* Xt = X + t * nf;
-  float4 xs[4];
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
-    if (!cs.logits) comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
-  }
-  const float post_k = post[t * hc + k];
-  const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
-  // old[c][s]: column j + c of stream s.
-  const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
-                           {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
-                           {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
-                           {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
-  const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
-                                      hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
-                                      hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
-                                      hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
-                        : z4;
-  __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
-  if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
-  hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1));
-}
-
-// hc_finish_kernel's warp 0: the comb logits of token t, then either the Sinkhorn (comb = its result) or, with
-// a.comb_logits, the logits themselves (comb = logits; the post that reads comb finishes them: hc_comb_from_logits).
-template <int HC>
-__device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
-  const int lane = threadIdx.x & 31;
-  // The comb biases: lane l holds element l's (read before griddepcontrol.wait); every lane gathers them all.
-  float c[HC][HC];
-#pragma unroll
-  for (int j = 0; j < HC; ++j)
-#pragma unroll
-    for (int k = 0; k < HC; ++k) c[j][k] = mix[2 * HC + j * HC + k] * sc_comb + __shfl_sync(0xffffffffu, b_comb, j * HC + k);
-  if (!a.comb_logits) hc_sinkhorn_core<HC>(c, a.hc_eps, a.sinkhorn_iters);
   float mine = 0.0f;
 #pragma unroll
   for (int j = 0; j < HC; ++j)
@@ -726,13 +696,9 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
 
 // HC > 0: the stream count as a constant (the models' 4), so xs / out live in registers; HC = 0: any hc <= 16 (the
 // runtime-sized arrays went to local memory: 10K spill sectors per launch in ncu).
-// cs.logits (HC == 4, one token; the launcher checks): comb holds the Sinkhorn's logits, finished before the wait.
 template <int HC>
 __global__ void hc_post_kernel(const float* y, const float* post, const float* comb, int n, int hc_rt, int64_t d,
-                               bool official, float* X, HcCombSrc cs) {
-  float cl[4][4];
-  if constexpr (HC == 4)
-    if (cs.logits) hc_comb_from_logits(comb, 0, cs, cl);
+                               bool official, float* X) {
   pdl_wait();
   constexpr int M = HC > 0 ? HC : 16;
   const int hc = HC > 0 ? HC : hc_rt;
@@ -751,10 +717,7 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
       float comb_k[M];
 #pragma unroll
       for (int s = 0; s < M; ++s)
-        if (s < hc) {
-          if constexpr (HC == 4) comb_k[s] = cs.logits ? cl[s][k] : C[s * hc + k];
-          else comb_k[s] = C[s * hc + k];
-        }
+        if (s < hc) comb_k[s] = C[s * hc + k];
       out[k] = hc_post_value<M>(post[t * hc + k], y[t * d + j], comb_k, xs, hc, official);
     }
 #pragma unroll
@@ -1380,8 +1343,8 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
   const int D4 = static_cast<int>(a.D / 4);
   {  // global (M, Z) of each head: the sink once, then every chunk's (max, sum) rescaled. Warp w takes heads w and
      // w + 8, its lanes the chunks (one thread per head looping over up to ~40 chunks with a double exp each was a
-     // serial chain of several us on CSA layers); Z = exp(sink - M) + the chunks' terms summed per lane in chunk
-     // order, then over lanes (a fixed order; double).
+     // serial chain on CSA layers: pv 15.2 -> 12.9 us there in the decode trace); Z = exp(sink - M) + the chunks'
+     // terms summed per lane in chunk order, then over lanes (a fixed order; double).
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     for (int hh = warp; hh < hn; hh += nwarps) {
       const int h = h0 + hh;
@@ -1842,7 +1805,19 @@ __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k,
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
     double acc = 0.0;
-    for (int s = 0; s < k; ++s) acc += y[(t * k + s) * d + j];
+    if (k <= 8) {
+      // All k loads issued before the first add (a run-time trip count left them one dependent round trip each);
+      // the same sum in the same order.
+      float v[8];
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+        if (s < k) v[s] = y[(t * k + s) * d + j];
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+        if (s < k) acc += v[s];
+    } else {
+      for (int s = 0; s < k; ++s) acc += y[(t * k + s) * d + j];
+    }
     if (ys) acc += ys[i];
     const float v = static_cast<float>(acc);
     out[i] = official ? bf16r(v) : v;
@@ -2296,23 +2271,20 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
 }
 
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
-             cudaStream_t s, HcCombSrc cs) {
+             cudaStream_t s) {
   if (n <= 0) return;
   if (hc < 1 || hc > 16) fail("hc_post: hc_mult ", hc, " must be in 1..16");
-  if (cs.logits && (hc != 4 || n != 1)) fail("hc_post: comb logits need hc_mult 4 and one token (got ", hc, ", ", n, ")");
-  if (hc == 4) launch(hc_post_kernel<4>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X, cs);
-  else launch(hc_post_kernel<0>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X, cs);
+  if (hc == 4) launch(hc_post_kernel<4>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
+  else launch(hc_post_kernel<0>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
   DSV4_LAUNCHED();
 }
 
-void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s,
-                 HcCombSrc cs) {
+void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.head) fail("hc_post_pre: the head's pre follows no post");
   if (a.X != X) fail("hc_post_pre: the pre must read the streams the post writes");
-  if (cs.logits && a.hc != 4) fail("hc_post_pre: comb logits need hc_mult 4 (got ", a.hc, ")");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_post_pre");
-  launch(hc_post_mix_kernel, dim3(nslices, a.n), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, cs);
+  launch(hc_post_mix_kernel, dim3(nslices, a.n), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }

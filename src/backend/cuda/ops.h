@@ -148,28 +148,17 @@ struct HcPreArgs {
   float* comb = nullptr;  // [n, hc, hc]
   bool head = false;      // hc_head mode: fn [hc, hc*d], pre only, rms with norm_w (no post/comb)
   float* partial = nullptr;  // scratch of hc_pre_scratch_floats(n, hc, d) floats (split-K partial sums)
-  // comb receives the Sinkhorn's input logits instead of its result; the post that reads it must say so (HcCombSrc)
-  // and finishes the Sinkhorn off hc_finish's critical path (decode: hc 4; the result is bit for bit the same).
-  bool comb_logits = false;
-};
-// How a post reads comb: the finished matrix (default), or the logits an hc_pre left with comb_logits (eps and
-// iterations of that pre's Sinkhorn).
-struct HcCombSrc {
-  bool logits = false;
-  float eps = 0.0f;
-  int iters = 0;
 };
 // Two launches: split-K mix GEMV over many blocks, then one block per token (Sinkhorn in one warp, collapse, RMSNorm).
 int64_t hc_pre_scratch_floats(int n, int hc, int64_t d);
 void hc_pre(const HcPreArgs& a, cudaStream_t s);
 // X[t, k, :] = post[t, k] * y[t, :] + sum_i comb[t, i, k] * X[t, i, :]  ([official] bf16).
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
-             cudaStream_t s, HcCombSrc cs = {});
+             cudaStream_t s);
 // hc_post(y, post, comb, a.n, a.hc, a.d, a.official, X) then hc_pre(a) on the new streams (a.X == X), bit-identical,
 // in two launches instead of three: the post runs inside the mix kernel. post/comb may be a.post/a.comb (the pre's
 // outputs are written by its last launch, after every read of the post's inputs).
-void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s,
-                 HcCombSrc cs = {});
+void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s);
 
 // Compressor step over a chunk whose projections K, Z [n, coff*c] are precomputed. State sK/sZ [coff*m, coff*c],
 // cache rows appended from index `count0`. Emits the entries of windows completed in [pos0, pos0 + n).

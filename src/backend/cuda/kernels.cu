@@ -1805,19 +1805,7 @@ __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k,
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
     double acc = 0.0;
-    if (k <= 8) {
-      // All k loads issued before the first add (a run-time trip count left them one dependent round trip each);
-      // the same sum in the same order.
-      float v[8];
-#pragma unroll
-      for (int s = 0; s < 8; ++s)
-        if (s < k) v[s] = y[(t * k + s) * d + j];
-#pragma unroll
-      for (int s = 0; s < 8; ++s)
-        if (s < k) acc += v[s];
-    } else {
-      for (int s = 0; s < k; ++s) acc += y[(t * k + s) * d + j];
-    }
+    for (int s = 0; s < k; ++s) acc += y[(t * k + s) * d + j];
     if (ys) acc += ys[i];
     const float v = static_cast<float>(acc);
     out[i] = official ? bf16r(v) : v;

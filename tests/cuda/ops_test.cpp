@@ -594,6 +594,94 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(96, true);
 }
 
+// ---- decode router in one launch: the gate GEMV's last block routes (gate_router) vs linear() + router() ---------
+// Bit-identical by construction (the GEMV's arithmetic, router_route's, 256 threads in both): memcmp of logits,
+// selection and weights. Each fused run starts from poisoned outputs, so a counter left non-zero by the previous
+// launch (no block would then draw the last ticket: nobody routes) fails; graph replays of two back-to-back launches
+// (a programmatic edge between them) check the reset under programmatic dependent launch.
+void run_gate_router(int E, int64_t d, int k, int func, bool hash, bool norm_topk = true) {
+  std::mt19937 g(static_cast<unsigned>(E * 131 + d + 7 * func + (hash ? 1 : 0)));
+  auto L = make_linear(WeightFormat::BF16, E, d, g);
+  cu::DevLinear W = cu::upload_linear(L->ref);
+  const int vocab = 1000;
+  vector<float> x = randn(static_cast<size_t>(d), g), bias = randn(static_cast<size_t>(E), g, 0.1f);
+  vector<int32_t> tid2eid(static_cast<size_t>(vocab * k)), ids{617};
+  std::uniform_int_distribution<int32_t> ed(0, E - 1);
+  for (auto& e : tid2eid) e = ed(g);
+  DBuf<float> dx(x), dbias(bias), dlog_ref(static_cast<size_t>(E)), dwts_ref(static_cast<size_t>(k));
+  DBuf<int32_t> dsel_ref(static_cast<size_t>(k)), dt2e(tid2eid), dids(ids);
+  DBuf<unsigned> ticket(1);
+  cu::LinearArgs a;
+  a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog_ref.p, a.ldy = E;
+  cu::RouterArgs r;
+  r.logits = dlog_ref.p, r.n = 1, r.E = E, r.k = k, r.func = func, r.bias = hash ? nullptr : dbias.p;
+  r.tid2eid = hash ? dt2e.p : nullptr, r.ids = dids.p, r.norm_topk = norm_topk, r.scaling = 1.5f;
+  r.sel = dsel_ref.p, r.wts = dwts_ref.p;
+  const std::string what = "gate_router E=" + std::to_string(E) + " d=" + std::to_string(d) + " func=" + std::to_string(func) +
+                            (hash ? " hash" : "");
+  cu::set_router_fuse(false);
+  ASSERT_FALSE(cu::gate_router_fused(W, a, r)) << what;
+  cu::gate_router(W, a, r, ticket.p, nullptr);  // linear() + router()
+  cu::set_router_fuse(true);
+  const auto log_ref = dlog_ref.get();
+  const auto sel_ref = dsel_ref.get();
+  const auto wts_ref = dwts_ref.get();
+
+  DBuf<float> dlog(static_cast<size_t>(E)), dwts(static_cast<size_t>(k));
+  DBuf<int32_t> dsel(static_cast<size_t>(k));
+  a.y = dlog.p, r.logits = dlog.p, r.sel = dsel.p, r.wts = dwts.p;
+  ASSERT_TRUE(cu::gate_router_fused(W, a, r)) << what;
+  cu::LinearArgs a2 = a;
+  cu::RouterArgs r2 = r;
+  a2.n = r2.n = 2;
+  EXPECT_FALSE(cu::gate_router_fused(W, a2, r2)) << "only single-token routers fuse";
+  auto poison = [&](cudaStream_t s) {
+    DSV4_CU(cudaMemsetAsync(dlog.p, 0xFF, dlog.n * 4, s));
+    DSV4_CU(cudaMemsetAsync(dsel.p, 0xFF, dsel.n * 4, s));
+    DSV4_CU(cudaMemsetAsync(dwts.p, 0xFF, dwts.n * 4, s));
+  };
+  auto expect_same = [&](const std::string& run) {
+    EXPECT_EQ(0, std::memcmp(dlog.get().data(), log_ref.data(), log_ref.size() * 4)) << what << ": logits, " << run;
+    EXPECT_EQ(dsel.get(), sel_ref) << what << ": selection, " << run;
+    EXPECT_EQ(0, std::memcmp(dwts.get().data(), wts_ref.data(), wts_ref.size() * 4)) << what << ": weights, " << run;
+    EXPECT_EQ(ticket.get()[0], 0u) << what << ": the ticket counter is not reset, " << run;
+  };
+  for (int i = 0; i < 3; ++i) {
+    poison(nullptr);
+    cu::gate_router(W, a, r, ticket.p, nullptr);
+    expect_same("eager launch " + std::to_string(i));
+  }
+  cudaStream_t st;
+  DSV4_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DSV4_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cu::gate_router(W, a, r, ticket.p, st);
+  cu::gate_router(W, a, r, ticket.p, st);  // kernel to kernel: the second one's blocks launch while the first drains
+  DSV4_CU(cudaStreamEndCapture(st, &graph));
+  DSV4_CU(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) {
+    poison(st);
+    DSV4_CU(cudaGraphLaunch(exec, st));
+    DSV4_CU(cudaStreamSynchronize(st));
+    expect_same("graph replay " + std::to_string(i));
+  }
+  std::printf("[op] %-34s fused == linear + router (eager x3, graph x3)\n", what.c_str());
+  DSV4_CU(cudaGraphExecDestroy(exec));
+  DSV4_CU(cudaGraphDestroy(graph));
+  DSV4_CU(cudaStreamDestroy(st));
+  cu::free_linear(W);
+}
+// V4-Flash (256 x 4096: score and hash layers, sigmoid) and V4-Pro (384 x 7168) gates, and an odd shape: 101 experts
+// (the last block's second row past the end) over 129 chunks (uneven K slices), softmax without normalisation.
+TEST(CudaOps, GateRouterFused) {
+  run_gate_router(256, 4096, 6, 0, false);
+  run_gate_router(256, 4096, 6, 0, true);
+  run_gate_router(256, 4096, 6, 1, false);
+  run_gate_router(384, 7168, 6, 0, false);
+  run_gate_router(101, 1032, 7, 2, false, false);
+}
+
 // ---- sparse attention with sink: window + top-k (CSA) or all compressed entries (HCA), split-KV on the GPU -------
 // kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible
 // entry at a long context (many chunks, the last ones partly empty for the earlier queries); odd head counts exercise

@@ -336,6 +336,8 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, sizeof(int64_t)));
+    route_ticket_ = static_cast<unsigned*>(heap_.alloc(sizeof(unsigned)));
+    DSV4_CU(cudaMemset(route_ticket_, 0, sizeof(unsigned)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
@@ -746,7 +748,6 @@ class CudaBackend final : public Backend {
       ys = ybuf + static_cast<size_t>(k) * d;  // written by the fused down launch (slot k)
     }
     float* logits = scratch(7, static_cast<size_t>(n) * E);
-    plain(L.gate, x, n, logits);
     int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
     float* wts = scratch(15, static_cast<size_t>(n) * k);
     cuda::RouterArgs r;
@@ -755,7 +756,10 @@ class CudaBackend final : public Backend {
     r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
-    cuda::router(r, s_);
+    // The gate is a plain() linear; a decode token's routing runs in the gate GEMV's launch (one kernel boundary less).
+    cuda::LinearArgs g;
+    g.x = x, g.ldx = L.gate.in, g.n = n, g.y = logits, g.ldy = L.gate.out;
+    cuda::gate_router(L.gate, g, r, route_ticket_, s_);
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
@@ -1260,6 +1264,7 @@ class CudaBackend final : public Backend {
   int captures_ = 0, replays_ = 0;
   DevHeap heap_;
   int* err_ = nullptr;
+  unsigned* route_ticket_ = nullptr;  // gate_router's last-block counter (routers run one at a time, on s_)
   const void* embed_ = nullptr;
   int embed_dtype_ = 1;
   DevLinear head_;

@@ -1431,31 +1431,41 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-__global__ void router_kernel(RouterArgs a) {
-  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
+// The fused decode router does not know its last block in advance: block 0 pulls the constant bias into L2 before
+// griddepcontrol.wait instead (router_kernel stages it then), so that the last block's loads of it hit L2.
+__device__ __forceinline__ void router_prefetch_bias(const RouterArgs& a) {
+  if (blockIdx.x == 0 && a.bias)
+    for (int e = threadIdx.x * 32; e < a.E; e += blockDim.x * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.bias + e));
+}
+// The routing of token row t (router_kernel's body; the fused decode gate GEMV's last block runs it too, see
+// gemv_xs_body): sm holds 3 * E floats of dynamic shared memory, whose bias part the same threads filled with
+// router_stage_bias first (each thread reads back only the entries it wrote: no barrier between). Correct for any 1-D
+// block; the softmax's double sum is reduced per block, so both callers use 256 threads to give the same bits. The
+// logits are read through L2 (__ldcg): in the fused GEMV other blocks wrote them during this kernel.
+__device__ __forceinline__ void router_stage_bias(const RouterArgs& a, float* sm) {
+  if (a.bias)
+    for (int e = threadIdx.x; e < a.E; e += blockDim.x) sm[2 * a.E + e] = a.bias[e];
+}
+__device__ __forceinline__ void router_route(const RouterArgs& a, int t, float* sm) {
   __shared__ double red[32];
   __shared__ int sel[64];
-  const int t = blockIdx.x, E = a.E, k = a.k;
+  const int E = a.E, k = a.k;
   const float* lg = a.logits + static_cast<int64_t>(t) * E;
   float* s = sm;
   float* b = sm + E;
-  float* bias = sm + 2 * E;
-  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
-  if (a.bias)
-    for (int e = threadIdx.x; e < E; e += blockDim.x) bias[e] = a.bias[e];
-  pdl_wait();
+  const float* bias = sm + 2 * E;
   float mx = -INFINITY;
   if (a.func == 2) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lg[e]);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, __ldcg(lg + e));
     mx = block_max(mx, red);
   }
   double z = 0.0;
   if (a.func == 2) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) z += exp(static_cast<double>(lg[e] - mx));
+    for (int e = threadIdx.x; e < E; e += blockDim.x) z += exp(static_cast<double>(__ldcg(lg + e) - mx));
     z = block_sum_d(z, red);
   }
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float v = lg[e];
+    const float v = __ldcg(lg + e);
     float sv;
     if (a.func == 0) sv = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
     else if (a.func == 1) sv = sigm(v);
@@ -1483,6 +1493,14 @@ __global__ void router_kernel(RouterArgs a) {
       a.wts[t * k + j] = static_cast<float>(a.norm_topk ? sj / sum : static_cast<double>(sj)) * a.scaling;
     }
   }
+}
+
+__global__ void router_kernel(RouterArgs a) {
+  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
+  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
+  router_stage_bias(a, sm);
+  pdl_wait();
+  router_route(a, blockIdx.x, sm);
 }
 
 __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt, bool official) {
@@ -2051,12 +2069,43 @@ bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
 
+namespace {
+// The kernel gemv() runs for a call, decided in one place: gate_router() fuses the router into gemv_xs_kernel only
+// where gemv() would run that kernel.
+enum class GemvPath { Scalar, TensorCore, Ring, Tiles, Xs, V2 };
+struct GemvPlan {
+  GemvPath path;
+  int ks = 1;  // K slices (Xs, V2)
+};
+GemvPlan gemv_plan(const DevLinear& W, const LinearArgs& a) {
+  const int f = fmt_of(W.fmt);
+  if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) return {GemvPath::Scalar};
+  if (gemv_tc_eligible(W, a)) return {GemvPath::TensorCore};
+  if (gemv_ring_eligible(W, a)) return {GemvPath::Ring};
+  // K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32 chunks a slice.
+  const int64_t nch = W.in / chunk_width(f);
+  const unsigned ty = blocks_for(a.n, kGemvNT);
+  int ks = 1;
+  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
+  const int64_t block_rows = (8 / ks) * kGemvR;
+  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
+  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
+  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
+      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks)
+    return {GemvPath::Tiles, ks};
+  if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) return {GemvPath::Xs, ks};
+  return {GemvPath::V2, ks};
+}
+}  // namespace
+
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.qa8_x && !gemv_stages_x(W, a)) fail("linear: qa8_x on a path that does not stage x (", W.out, "x", W.in, ", n ", a.n, ")");
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
-  if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
+  const GemvPlan plan = gemv_plan(W, a);
+  const int ks = plan.ks;
+  if (plan.path == GemvPath::Scalar) {
     const dim3 grid(blocks_for(W.out, kRowsPerBlock), blocks_for(a.n, kNT));
     switch (f) {
       case kF32: launch(linear_kernel<kF32>, grid, 256, 0, s, r, W.out, a); break;
@@ -2068,7 +2117,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (gemv_tc_eligible(W, a)) {
+  if (plan.path == GemvPath::TensorCore) {
     int wpt = kTcgWarps;
     while (wpt > 1 && wpt > W.in / 128) wpt /= 2;
     // Every warp needs >= 1 K block (its barriers are counted per block step): the kernel relies on wpt <= KB.
@@ -2081,7 +2130,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (gemv_ring_eligible(W, a)) {
+  if (plan.path == GemvPath::Ring) {
     const int G = a.group_rows ? static_cast<int>(W.out / a.group_rows) : 1;
     const unsigned grid = static_cast<unsigned>(G * std::max(1, sm_count() / G));
     const size_t sm = kRingBytes + static_cast<size_t>(W.in) * 4;
@@ -2098,18 +2147,10 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  // K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32 chunks a slice.
-  const int64_t nch = W.in / chunk_width(f);
-  const unsigned ty = blocks_for(a.n, kGemvNT);
-  int ks = 1;
-  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
   const int64_t block_rows = (8 / ks) * kGemvR;
-  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
-  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
-  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
-      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks) {
+  if (plan.path == GemvPath::Tiles) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
-    const dim3 grid(static_cast<unsigned>(persistent_blocks));
+    const dim3 grid(static_cast<unsigned>(2 * sm_count()));
     switch (f) {
       case kF32: allow_smem(gemv_xs_tiles_kernel<kF32>, sm), launch(gemv_xs_tiles_kernel<kF32>, grid, 256, sm, s, r, W.out, a); break;
       case kBF16: allow_smem(gemv_xs_tiles_kernel<kBF16>, sm), launch(gemv_xs_tiles_kernel<kBF16>, grid, 256, sm, s, r, W.out, a); break;
@@ -2120,7 +2161,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) {
+  if (plan.path == GemvPath::Xs) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
     const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)));
     switch (f) {
@@ -2133,7 +2174,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  const dim3 grid(blocks_for(W.out, (8 / ks) * kGemvR), ty);
+  const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)), blocks_for(a.n, kGemvNT));
   switch (f) {
     case kF32: launch(gemv_kernel<kF32>, grid, 256, 0, s, r, W.out, a, ks); break;
     case kBF16: launch(gemv_kernel<kBF16>, grid, 256, 0, s, r, W.out, a, ks); break;
@@ -2400,6 +2441,37 @@ void router(const RouterArgs& a, cudaStream_t s) {
   const size_t sm = static_cast<size_t>(a.E) * 12;
   set_smem(reinterpret_cast<const void*>(router_kernel), sm);
   launch(router_kernel, a.n, 256, sm, s, a);
+  DSV4_LAUNCHED();
+}
+
+namespace {
+std::atomic<bool> g_router_fuse_on{[] {
+  const char* e = std::getenv("DSV4_ROUTER_FUSE");
+  return !(e && std::string(e) == "0");
+}()};
+size_t gate_router_smem(const DevLinear& W, const RouterArgs& r) {
+  return std::max(static_cast<size_t>(W.in) * 4, static_cast<size_t>(r.E) * 12);  // staged x, then the router's scratch
+}
+}  // namespace
+void set_router_fuse(bool on) { g_router_fuse_on.store(on, std::memory_order_relaxed); }
+
+// BF16 gates only: the checkpoints' format (MODEL.md), the one kernel instance compiled and tested.
+bool gate_router_fused(const DevLinear& W, const LinearArgs& a, const RouterArgs& r) {
+  return g_router_fuse_on.load(std::memory_order_relaxed) && a.n == 1 && r.n == 1 && r.k <= 64 && fmt_of(W.fmt) == kBF16 &&
+         a.group_rows == 0 && gemv_plan(W, a).path == GemvPath::Xs && gate_router_smem(W, r) <= smem_optin();
+}
+
+void gate_router(const DevLinear& W, const LinearArgs& a, const RouterArgs& r, unsigned* ticket, cudaStream_t s) {
+  if (r.logits != a.y || r.n != a.n || r.E != W.out) fail("gate_router: the router must read this gate's logits");
+  if (!ticket || !gate_router_fused(W, a, r)) {
+    linear(W, a, s);
+    router(r, s);
+    return;
+  }
+  const int ks = gemv_plan(W, a).ks;
+  const size_t sm = gate_router_smem(W, r);
+  allow_smem(gemv_xs_router_kernel<kBF16>, sm);
+  launch(gemv_xs_router_kernel<kBF16>, blocks_for(W.out, (8 / ks) * kGemvR), 256, sm, s, wrow(W), W.out, a, ks, r, ticket);
   DSV4_LAUNCHED();
 }
 

@@ -251,6 +251,14 @@ struct RouterArgs {
   float* wts = nullptr;
 };
 void router(const RouterArgs& a, cudaStream_t s);
+// The router's gate linear (a: plain, y == r.logits) and router(r) as one launch for a decode token: the single-token
+// GEMV's last block routes the logits the other blocks wrote, bit-identical to linear() + router(). ticket: a zeroed
+// device counter owned by the caller, for one launch at a time (launches on one stream may share it; the kernel leaves
+// it zero). Other calls (n > 1, gates the fused kernel does not take) and DSV4_ROUTER_FUSE=0 / set_router_fuse(false)
+// run linear() + router(); gate_router_fused() says which.
+void gate_router(const DevLinear& gate, const LinearArgs& a, const RouterArgs& r, unsigned* ticket, cudaStream_t s);
+bool gate_router_fused(const DevLinear& gate, const LinearArgs& a, const RouterArgs& r);
+void set_router_fuse(bool on);
 
 // Routed experts on the device: table[e] holds expert e's w1/w3/w2 (all in the same format).
 struct DevExpert {

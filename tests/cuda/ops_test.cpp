@@ -785,6 +785,80 @@ TEST(CudaOps, AttentionHcaLongContext) {
   run_attention(2, 20, 128 * 40 + 5, 3, 128);
 }
 
+// ---- decode attention with the window store fused into its merge kernel (AttendArgs::store_ring) ------------------
+// The fused launch must leave exactly what attend + window_store leave: o and the ring compared bit for bit, eager
+// (position from the arguments) and in graph mode (position from a device scalar, chunking launched for a larger
+// capacity, so some chunks are empty), the graph replayed with o poisoned and the ring reset before every replay.
+void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
+  std::mt19937 g(static_cast<unsigned>(11 + kind * 100 + H));
+  const int W = 128, K = kind == 1 ? 512 : 0;
+  const int64_t D = 512, cap = pos0 + 1000, ncomp = kind == 0 ? 0 : (pos0 + 1) / ratio;
+  const vector<float> q = randn(static_cast<size_t>(H * D), g), kv = randn(static_cast<size_t>(D), g),
+                      ring = randn(static_cast<size_t>(W * D), g), comp = randn(static_cast<size_t>(ncomp * D), g),
+                      sink = randn(H, g);
+  vector<int32_t> topk(static_cast<size_t>(std::max(1, K)), -1);
+  for (int j = 0; j < K; ++j) topk[j] = j % 50 == 49 ? -1 : static_cast<int32_t>((j * 7919) % ncomp);
+  DBuf<float> dq(q), dkv(kv), dring0(ring), dcomp(comp), dsink(sink);
+  DBuf<int32_t> dtopk(topk), derr(1);
+  DBuf<int64_t> dpos(vector<int64_t>{pos0});
+  cudaStream_t s = nullptr;
+  DSV4_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (bool official : {false, true})
+    for (bool graph : {false, true}) {
+      const std::string what = std::string("attend+store ") + std::to_string(H) + "h kind " + std::to_string(kind) +
+                               " pos " + std::to_string(pos0) + (official ? " official" : " reference") +
+                               (graph ? " graph" : " eager");
+      cu::AttendArgs a;
+      a.q = dq.p, a.kv = dkv.p, a.comp = dcomp.p, a.topk = dtopk.p, a.sink = dsink.p;
+      a.n = 1, a.H = H, a.window = W, a.topk_k = K, a.ratio = ratio, a.kind = kind, a.D = D, a.pos0 = pos0, a.n_comp = ncomp;
+      a.official = official, a.err = derr.p, a.dpos = graph ? dpos.p : nullptr;
+      a.max_rows = cu::attend_max_rows(W, kind, K, graph ? cap : pos0 + 1, ratio);
+      DBuf<float> scr(static_cast<size_t>(cu::attend_scratch_floats(1, H, D, a.max_rows)));
+      a.scratch = scr.p;
+      // Today's two kernels' worth: attention, then the store.
+      DBuf<float> ring_ref(ring), o_ref(static_cast<size_t>(H * D));
+      a.ring = ring_ref.p, a.o = o_ref.p;
+      cu::attend(a, s);
+      cu::window_store(dkv.p, 1, pos0, W, D, ring_ref.p, s, a.dpos);
+      const vector<float> want_o = o_ref.get(), want_ring = ring_ref.get();
+      ASSERT_EQ(std::memcmp(want_ring.data() + (pos0 % W) * D, kv.data(), D * sizeof(float)), 0) << what;
+      // Fused.
+      DBuf<float> ring_f(ring.size()), o_f(static_cast<size_t>(H * D));
+      a.ring = ring_f.p, a.store_ring = ring_f.p, a.o = o_f.p;
+      cudaGraphExec_t exec = nullptr;
+      if (graph) {
+        cudaGraph_t gr = nullptr;
+        DSV4_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        cu::attend(a, s);
+        DSV4_CU(cudaStreamEndCapture(s, &gr));
+        DSV4_CU(cudaGraphInstantiate(&exec, gr, 0));
+        DSV4_CU(cudaGraphDestroy(gr));
+      }
+      for (int rep = 0; rep < 3; ++rep) {
+        DSV4_CU(cudaMemcpyAsync(ring_f.p, dring0.p, ring.size() * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        cu::fill_f32(o_f.p, H * D, std::nanf(""), s);  // poison: every output rewritten
+        if (graph) DSV4_CU(cudaGraphLaunch(exec, s));
+        else cu::attend(a, s);
+        const vector<float> got_o = o_f.get(), got_ring = ring_f.get();
+        EXPECT_EQ(std::memcmp(got_o.data(), want_o.data(), want_o.size() * sizeof(float)), 0) << what << " rep " << rep;
+        EXPECT_EQ(std::memcmp(got_ring.data(), want_ring.data(), want_ring.size() * sizeof(float)), 0) << what << " rep " << rep;
+      }
+      if (exec) DSV4_CU(cudaGraphExecDestroy(exec));
+      EXPECT_EQ(derr.get()[0], 0) << what;
+      std::printf("[op] %s: o and ring bit-identical to attend + window_store\n", what.c_str());
+    }
+  DSV4_CU(cudaStreamDestroy(s));
+}
+
+// Flash: CSA (64 heads, TP2's 32), HCA, SWA; odd: a partial head group at a short window with no compressed entry.
+TEST(CudaOps, AttentionDecodeFusedWindowStore) {
+  run_attend_store(1, 64, 4093, 4);
+  run_attend_store(1, 32, 4093, 4);
+  run_attend_store(2, 64, 128 * 70 - 2, 128);
+  run_attend_store(0, 64, 300, 1);
+  run_attend_store(2, 20, 5, 128);
+}
+
 // ---- top-k alone: exact order (score desc, lower index first on ties) against the CPU rule --------------------------
 // Scores drawn from few distinct values force long tie runs across the k boundary (all three radix passes and the
 // tie cut); distinct values stop the select early; rows longer than the shared-memory cache take the uncached path;

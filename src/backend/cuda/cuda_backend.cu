@@ -645,7 +645,7 @@ class CudaBackend final : public Backend {
               SequenceState& sst, float* o) override {
     OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
-    const DevLayerState& S = seq(sst, layer);
+    DevLayerState& S = seq(sst, layer);
     cuda::AttendArgs a;
     a.kind = L.kind == AttnKind::CSA ? 1 : (L.kind == AttnKind::HCA ? 2 : 0);
     if (a.kind == 2 && (pos0 + n) / L.ratio > S.n_comp)
@@ -659,12 +659,22 @@ class CudaBackend final : public Backend {
     a.dpos = dpos();
     a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(n, a.H, a.D, a.max_rows)));
     a.o = o, a.err = err_;
+    // Decode: the attention's merge kernel also stores the token's kv row into the ring, so the window_store that
+    // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
+    const bool fuse_store = n == 1 && attend_store_fused();
+    if (fuse_store) a.store_ring = S.ring;
+    stored_row_ = StoredRow{};
     cuda::attend(a, s_);
+    if (fuse_store) stored_row_ = StoredRow{S.ring, kv, pos0};
   }
 
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
     OpScope prof(this, "window_store");
     DevLayerState& S = seq(sst, layer);
+    if (n == 1 && stored_row_ == StoredRow{S.ring, kv, pos0}) {  // enqueued by the attention just before
+      stored_row_ = StoredRow{};
+      return;
+    }
     cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_, dpos());
   }
 
@@ -1233,6 +1243,21 @@ class CudaBackend final : public Backend {
     }();
     return on;
   }
+  static bool attend_store_fused() {  // DSV4_ATTEND_FUSE_STORE=0: decode window_store as its own kernel (A/B)
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_ATTEND_FUSE_STORE");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
+  // The window row the last single-token attend stored into the ring along with its merge (window_store skips it).
+  struct StoredRow {
+    const float* ring = nullptr;
+    const float* kv = nullptr;
+    int64_t pos0 = -1;
+    bool operator==(const StoredRow& o) const { return ring == o.ring && kv == o.kv && pos0 == o.pos0; }
+  };
+  StoredRow stored_row_;
   static bool moe_fork_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FORK");

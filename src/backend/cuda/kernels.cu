@@ -1407,15 +1407,30 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
     }
 }
 
-__global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o) {
+// The merge stays a kernel of its own: folded into pv's last block per head group (a ticket counter), one block
+// would read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks) through one SM's L2
+// port -- by estimate (not measured) several times the ~2.5 us that the kernel boundary costs -- where this grid
+// spreads them over every SM. Decode instead folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
+__global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o,
+                                    const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos) {
   pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * H * D;
-  for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < total; x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t x = first; x < total; x += stride) {
     const int64_t i = x / (H * D), r = x % (H * D);
     const float* p = part + i * nchunks * H * D + r;
     float s = 0.0f;
     for (int c = 0; c < nchunks; ++c) s += p[static_cast<int64_t>(c) * H * D];
     o[x] = official ? bf16r(s) : s;
+  }
+  // window_store of the single token (n == 1): ring[pos0 % window] = kv. Ordering: the ring's readers, scores and pv,
+  // have completed when pdl_wait returns (pv precedes this kernel in the stream, scores precedes pv), so no block of
+  // this step's attention can see the new row; the next reader is a later step's attention, stream-ordered after
+  // this kernel. kv (this step's row) is only read here, as in scores and pv.
+  if (ring) {
+    if (dpos) pos0 = *dpos;
+    float* dst = ring + (pos0 % window) * D;
+    for (int64_t e = first; e < D; e += stride) dst[e] = kv[e];
   }
 }
 
@@ -2400,6 +2415,9 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
+  // The fused window store is done by the split-KV merge kernel (one token never takes the tensor-core path).
+  if (a.store_ring && (a.n != 1 || a.store_ring != a.ring))
+    fail("attention: the fused window store takes one token and the attention's own ring");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
   if (attend_uses_tc(a)) {
     // Prefill chunk, official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
@@ -2423,7 +2441,8 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   DSV4_LAUNCHED();
   launch(attend_pv_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
   DSV4_LAUNCHED();
-  launch(attend_merge_kernel, grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s, part, a.n, a.H, a.D, nchunks, a.official, a.o);
+  launch(attend_merge_kernel, grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s, part, a.n, a.H, a.D, nchunks,
+         a.official, a.o, a.kv, a.store_ring, a.window, a.pos0, a.dpos);
   DSV4_LAUNCHED();
 }
 

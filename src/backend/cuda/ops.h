@@ -225,6 +225,9 @@ struct AttendArgs {
   // the kernels from the actual row count (max_rows is then the capacity bound, launched chunks beyond the actual
   // ones stay empty), so a replayed step sums in exactly the order of an eager one.
   const int64_t* dpos = nullptr;
+  // Single-token decode (n == 1): also store this token's kv row into the window ring, i.e. window_store fused into
+  // the attention's last kernel (it runs after every kernel that reads the ring). The ring itself (a.ring), writable.
+  float* store_ring = nullptr;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core

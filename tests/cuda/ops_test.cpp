@@ -682,6 +682,101 @@ TEST(CudaOps, GateRouterFused) {
   run_gate_router(101, 1032, 7, 2, false, false);
 }
 
+// ---- decode: the MoE's final sum inside the down ring launch (ExpertArgs::reduce_out) ----------------------------
+// Bit for bit expert_down + moe_reduce (and the same y), with the shared expert fused as slot k or without one.
+// out is poisoned (NaN) before every run: a per-row counter not back at zero after a launch would leave rows
+// unwritten in the next one, which the repeated launches and the graph (two launches per replay, as two layers)
+// would show.
+void run_reduce_in_down(int64_t d, int64_t I, int k, bool shared) {
+  std::mt19937 g(29);
+  const int E = k + 2;
+  const float lim = 10.0f;
+  vector<cu::DevLinear> d1, d2, d3;
+  vector<cu::DevExpert> table;
+  for (int e = 0; e < E; ++e) {
+    d1.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, I, d, g)->ref));
+    d3.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, I, d, g)->ref));
+    d2.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, d, I, g)->ref));
+    table.push_back(cu::make_dev_expert(d1.back(), d3.back(), d2.back()));
+  }
+  cu::DevLinear S13 = cu::upload_linear(make_linear(WeightFormat::FP8_E8M0, 2 * I, d, g)->ref);
+  cu::DevLinear S2 = cu::upload_linear(make_linear(WeightFormat::FP8_E8M0, d, I, g)->ref);
+  vector<int32_t> sel(static_cast<size_t>(E));
+  std::iota(sel.begin(), sel.end(), 0);
+  std::shuffle(sel.begin(), sel.end(), g);
+  sel.resize(static_cast<size_t>(k));
+  vector<float> wts = randn(static_cast<size_t>(k), g, 0.3f);
+  for (auto& w : wts) w = std::fabs(w);
+  DBuf<cu::DevExpert> dtable(table);
+  DBuf<int32_t> dsel(sel);
+  DBuf<float> dx(randn(static_cast<size_t>(d), g, 0.05f)), dwts(wts);
+  const int slots = k + (shared ? 1 : 0);
+  const std::string what = "reduce in down d=" + std::to_string(d) + " I=" + std::to_string(I) + " k=" + std::to_string(k) +
+                           (shared ? " +shared" : "");
+  for (bool official : {false, true}) {
+    SCOPED_TRACE(what + (official ? " official" : " reference"));
+    DBuf<float> act(static_cast<size_t>(slots * I)), y0(static_cast<size_t>(slots * d)), out0(static_cast<size_t>(d));
+    cu::ExpertArgs a;
+    a.table = dtable.p, a.fmt = WeightFormat::MXFP4, a.d = d, a.I = I, a.sb1 = d / 32, a.sb2 = I / 32;
+    a.x = dx.p, a.qa8_x = official, a.n = 1, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = lim;
+    a.official = official, a.act = act.p;
+    if (shared) a.shared13 = &S13, a.shared2 = &S2;
+    cu::expert_gate_up(a, nullptr);
+    a.act_q = act.p, a.qa8_act = official, a.y = y0.p;
+    ASSERT_TRUE(cu::expert_ring_eligible(a, false)) << "decode down takes the ring kernel";
+    cu::expert_down(a, nullptr);
+    cu::moe_reduce(y0.p, shared ? y0.p + k * d : nullptr, 1, k, d, official, out0.p, nullptr);
+    const vector<float> want_y = y0.get(), want = out0.get();
+    for (float v : want) ASSERT_TRUE(std::isfinite(v));
+
+    DBuf<float> y1(y0.n), out1(out0.n), y2(y0.n), out2(out0.n);
+    DBuf<uint32_t> ctr(static_cast<size_t>(d));
+    cu::ExpertArgs f = a, f2 = a;
+    f.y = y1.p, f.reduce_out = out1.p, f.reduce_ctr = ctr.p;
+    f2.y = y2.p, f2.reduce_out = out2.p, f2.reduce_ctr = ctr.p;
+    auto poison = [&](cudaStream_t st) {
+      for (auto* b : {&y1, &out1, &y2, &out2}) DSV4_CU(cudaMemsetAsync(b->p, 0xFF, b->n * 4, st));
+    };
+    auto check = [&](const DBuf<float>& y, const DBuf<float>& out, const char* run) {
+      EXPECT_EQ(0, std::memcmp(out.get().data(), want.data(), want.size() * 4)) << run << ": out";
+      EXPECT_EQ(0, std::memcmp(y.get().data(), want_y.data(), want_y.size() * 4)) << run << ": y";
+      const auto c = ctr.get();
+      EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](uint32_t v) { return v == 0; })) << run << ": counters back at 0";
+    };
+    for (int rep = 0; rep < 3; ++rep) {
+      poison(nullptr);
+      cu::expert_down(f, nullptr);
+      check(y1, out1, "eager");
+    }
+    cudaStream_t st;
+    DSV4_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t gr;
+    cudaGraphExec_t exec;
+    DSV4_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    cu::expert_down(f, st);
+    cu::expert_down(f2, st);  // the counters again, right after (PDL), as the next layer's launch
+    DSV4_CU(cudaStreamEndCapture(st, &gr));
+    DSV4_CU(cudaGraphInstantiate(&exec, gr, 0));
+    DSV4_CU(cudaGraphDestroy(gr));
+    for (int rep = 0; rep < 3; ++rep) {
+      poison(st);
+      DSV4_CU(cudaGraphLaunch(exec, st));
+      DSV4_CU(cudaStreamSynchronize(st));
+      check(y1, out1, "graph, first launch");
+      check(y2, out2, "graph, second launch");
+    }
+    DSV4_CU(cudaGraphExecDestroy(exec));
+    DSV4_CU(cudaStreamDestroy(st));
+  }
+  for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
+  cu::free_linear(S13), cu::free_linear(S2);
+}
+TEST(CudaOps, MoeReduceInDown) {
+  run_reduce_in_down(4096, 2048, 6, true);   // V4-Flash decode: 6 routed experts + the fused shared one
+  run_reduce_in_down(4096, 2048, 6, false);  // no shared expert: the k routed slots only
+  run_reduce_in_down(2080, 1056, 5, true);   // odd: d / 4 = 520 row groups, 33 FP4 chunks per act row
+}
+
 // ---- sparse attention with sink: window + top-k (CSA) or all compressed entries (HCA), split-KV on the GPU -------
 // kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible
 // entry at a long context (many chunks, the last ones partly empty for the earlier queries); odd head counts exercise

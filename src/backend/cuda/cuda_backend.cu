@@ -382,6 +382,9 @@ class CudaBackend final : public Backend {
     // The MTP block is layer n_layers (as on the CPU): its sequence state comes with every new_sequence.
     if (w.mtp) layers_.push_back(load_layer(*w.mtp));
     weight_bytes_ = heap_.bytes() - before;
+    moe_reduce_ctr_ = static_cast<uint32_t*>(heap_.alloc(static_cast<size_t>(c.hidden) * 4));
+    DSV4_CU(cudaMemset(moe_reduce_ctr_, 0, static_cast<size_t>(c.hidden) * 4));
+    DSV4_CU(cudaDeviceSynchronize());  // the memset runs on the legacy stream; s_ does not wait for it
     size_t free_b = 0, total_b = 0;
     DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
     std::fprintf(stderr, "[dsv4] cuda:%d%s: weights %.2f GiB loaded, %.2f GiB of %.2f GiB free for state and workspaces\n",
@@ -805,11 +808,15 @@ class CudaBackend final : public Backend {
     }
     a.y = ybuf;
     a.official = official_ && tp_ == 1;
+    // One GPU, decode on the ring: the down launch also sums the slots into out (one launch fewer) when ybuf holds
+    // every slot moe_reduce would sum: the shared expert fused as slot k, or no shared expert.
+    const bool reduce_in_down = tp_ == 1 && (fuse || !L.has_shared) && moe_reduce_fuse_enabled() && cuda::expert_ring_eligible(a, false);
+    if (reduce_in_down) a.reduce_out = out, a.reduce_ctr = moe_reduce_ctr_;
     cuda::expert_down(a, s_);
     a.official = official_;
     if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done
     if (tp_ == 1) {
-      cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+      if (!reduce_in_down) cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
       return;
     }
     if (!ys) {  // no shared expert: its slot holds zeros
@@ -1250,6 +1257,13 @@ class CudaBackend final : public Backend {
     }();
     return on;
   }
+  static bool moe_reduce_fuse_enabled() {  // DSV4_MOE_REDUCE_FUSE=0: the reduction in its own kernel (A/B)
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_MOE_REDUCE_FUSE");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
   // The window row the last single-token attend stored into the ring along with its merge (window_store skips it).
   struct StoredRow {
     const float* ring = nullptr;
@@ -1290,6 +1304,7 @@ class CudaBackend final : public Backend {
   DevHeap heap_;
   int* err_ = nullptr;
   unsigned* route_ticket_ = nullptr;  // gate_router's last-block counter (routers run one at a time, on s_)
+  uint32_t* moe_reduce_ctr_ = nullptr;  // [hidden] zeros: moe()'s down launch reducing its output (ExpertArgs::reduce_ctr)
   const void* embed_ = nullptr;
   int embed_dtype_ = 1;
   DevLinear head_;

@@ -2687,6 +2687,8 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
+  if (a.reduce_out && (!a.reduce_ctr || !expert_ring_eligible(a, false)))
+    fail("expert_down: reduce_out on a path that does not reduce (or without reduce_ctr)");
   const int blk = fp4_block(a.fmt);
   if (expert_tc2_eligible(a, false)) {
     launch_tc2<false>(a, s);

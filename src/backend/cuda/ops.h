@@ -306,6 +306,12 @@ struct ExpertArgs {
   // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
   const DevLinear* shared13 = nullptr;
   const DevLinear* shared2 = nullptr;
+  // Decode down on the ring kernel (expert_ring_eligible(a, false); elsewhere it throws): the launch also writes
+  // reduce_out [d], bit for bit moe_reduce(y, shared2 ? y + k * d : null, 1, k, d, official), saving that launch;
+  // y is written as without it. reduce_ctr: [d] zeros owned by the caller, zero again when the launch is done; one
+  // buffer per launch that may run concurrently.
+  float* reduce_out = nullptr;
+  uint32_t* reduce_ctr = nullptr;
 };
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.

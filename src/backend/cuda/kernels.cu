@@ -357,7 +357,7 @@ __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int3
 
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices, tokens, groups of 8 mix rows), each block
+// mHC pre, split (GPU_KERNELS.md §6.7): (1) hc_mix_kernel: grid (slices, token groups, groups of 8 mix rows), each block
 // streams its slice of the nmix rows of fn once and writes partial dot products plus the partial sum of squares;
 // (2) hc_finish_kernel: one block per token; warp 0 sums the partials (double), runs the sigmoids and then the
 // Sinkhorn iterations while the other warps collapse the streams and apply the RMSNorm.
@@ -365,6 +365,10 @@ __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v))
 // that one block owns whole groups of the elementwise mHC post: hc_post_mix_kernel (the post fused into the next
 // pre's mix) computes its slice of the new streams from the old ones alone and produces the same partials.
 constexpr int kHcSliceCols = 128;  // 32 lanes x 4 columns
+// Tokens per mix block (prefill): the block's fn slice (24 rows x 512 floats, in registers) serves this many tokens;
+// one token per block re-read the whole 1.5 MB of fn from L2 for every token (3 GB per 2048-token chunk and call:
+// hc_pre + hc_post_pre were 105 ms of a 20-layer 8K prefill). The per-token arithmetic is unchanged.
+constexpr int kHcTokensPerBlock = 8;
 constexpr int kHcMaxMix = 32;
 constexpr int kHcPostMix = 24;  // mix rows of a non-head pre at hc <= 4: (2 + hc) * hc
 static_assert(kHcPostMix <= kHcMaxMix);
@@ -400,10 +404,10 @@ __device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 x
 
 __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
   // pdl_wait() after the loads of fn (constant weights): they overlap the previous kernel's tail.
-  // grid (slices, tokens, mix-row groups of 8): the 1.5 MB of fn is streamed by 3x more blocks than slices alone would
+  // grid (slices, token groups, mix-row groups of 8): the 1.5 MB of fn is streamed by 3x more blocks than slices alone would
   // give, each thread with its 8 float4 loads in flight (the v2 kernel was latency-bound at 32 blocks).
   __shared__ float red[4][9];
-  const int sl = blockIdx.x, t = blockIdx.y, rb = blockIdx.z * 8;
+  const int sl = blockIdx.x, rb = blockIdx.z * 8;
   const int64_t d = a.d, nf = a.hc * d;
   const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4, e = (threadIdx.x >> 5) * d + j;
   const bool inb = j < d;
@@ -413,8 +417,13 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   for (int r = 0; r < 8; ++r)
     f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
   pdl_wait();
-  const float4 xv = inb ? *reinterpret_cast<const float4*>(a.X + t * nf + e) : z4;
-  hc_slice_partials<8>(f, xv, rb, nmix, blockIdx.z == 0, red, partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1));
+  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * kHcTokensPerBlock);
+  for (int t = blockIdx.y * kHcTokensPerBlock; t < t1; ++t) {
+    const float4 xv = inb ? *reinterpret_cast<const float4*>(a.X + t * nf + e) : z4;
+    float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
+    hc_slice_partials<8>(f, xv, rb, nmix, blockIdx.z == 0, red, out);
+    __syncthreads();  // red is rewritten by the next token
+  }
 }
 
 // One output of the mHC post: post_k * y + sum_s comb[s][k] * X_s in stream order ([official] BF16), with explicit
@@ -429,7 +438,7 @@ __device__ __forceinline__ float hc_post_value(float post_k, float y, const floa
   return official ? bf16r(v) : v;
 }
 
-// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, tokens): the block owns its
+// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, token groups): the block owns its
 // slice's columns of every stream, so warp s computes the new stream s there from the old streams (as
 // hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
 // All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
@@ -437,7 +446,7 @@ __device__ __forceinline__ float hc_post_value(float post_k, float y, const floa
 __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
                                                            HcPreArgs a, int nmix, int nslices, float* partial) {
   __shared__ float red[4][kHcPostMix + 1];
-  const int sl = blockIdx.x, t = blockIdx.y, hc = a.hc, k = threadIdx.x >> 5;
+  const int sl = blockIdx.x, hc = a.hc, k = threadIdx.x >> 5;
   const int64_t d = a.d, nf = hc * d;
   const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
   const bool inb = j < d;
@@ -447,29 +456,34 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
   for (int r = 0; r < kHcPostMix; ++r)
     f[r] = (inb && r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + k * d + j)) : z4;
   pdl_wait();
-  float* Xt = X + t * nf;
-  float4 xs[4];
-  float comb_k[4];
+  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * kHcTokensPerBlock);
+  for (int t = blockIdx.y * kHcTokensPerBlock; t < t1; ++t) {
+    float* Xt = X + t * nf;
+    float4 xs[4];
+    float comb_k[4];
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
-    comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
+    for (int s = 0; s < 4; ++s) {
+      xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
+      comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
+    }
+    const float post_k = post[t * hc + k];
+    const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
+    // old[c][s]: column j + c of stream s.
+    const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
+                             {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
+                             {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
+                             {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
+    const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
+                                        hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
+                                        hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
+                                        hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
+                          : z4;
+    __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
+    if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
+    float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
+    hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, out);
+    __syncthreads();  // red is rewritten by the next token
   }
-  const float post_k = post[t * hc + k];
-  const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
-  // old[c][s]: column j + c of stream s.
-  const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
-                           {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
-                           {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
-                           {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
-  const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
-                                      hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
-                                      hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
-                                      hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
-                        : z4;
-  __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
-  if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
-  hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1));
 }
 
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
@@ -2309,7 +2323,8 @@ void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
 void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_pre");
-  launch(hc_mix_kernel, dim3(nslices, a.n, (nmix + 7) / 8), 32 * a.hc, 0, s, a, nmix, nslices, a.partial);
+  const unsigned tgroups = static_cast<unsigned>((a.n + kHcTokensPerBlock - 1) / kHcTokensPerBlock);
+  launch(hc_mix_kernel, dim3(nslices, tgroups, (nmix + 7) / 8), 32 * a.hc, 0, s, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }
@@ -2328,7 +2343,8 @@ void hc_post_pre(const float* y, const float* post, const float* comb, float* X,
   if (a.head) fail("hc_post_pre: the head's pre follows no post");
   if (a.X != X) fail("hc_post_pre: the pre must read the streams the post writes");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_post_pre");
-  launch(hc_post_mix_kernel, dim3(nslices, a.n), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial);
+  const unsigned tgroups = static_cast<unsigned>((a.n + kHcTokensPerBlock - 1) / kHcTokensPerBlock);
+  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }

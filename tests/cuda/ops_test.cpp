@@ -651,20 +651,39 @@ void run_gate_router(int E, int64_t d, int k, int func, bool hash, bool norm_top
     cu::gate_router(W, a, r, ticket.p, nullptr);
     expect_same("eager launch " + std::to_string(i));
   }
+  // The graph's second launch has its own input and outputs (as two layers' routers): a last block that routed stale
+  // logits, or never routed, would leave the first launch's values or the poison there.
+  DBuf<float> dx2(randn(static_cast<size_t>(d), g)), dlog2_ref(static_cast<size_t>(E)), dwts2_ref(static_cast<size_t>(k));
+  DBuf<float> dlog2(static_cast<size_t>(E)), dwts2(static_cast<size_t>(k));
+  DBuf<int32_t> dsel2_ref(static_cast<size_t>(k)), dsel2(static_cast<size_t>(k));
+  cu::LinearArgs b = a;
+  cu::RouterArgs rb = r;
+  b.x = dx2.p, b.y = dlog2_ref.p, rb.logits = dlog2_ref.p, rb.sel = dsel2_ref.p, rb.wts = dwts2_ref.p;
+  cu::set_router_fuse(false);
+  cu::gate_router(W, b, rb, ticket.p, nullptr);  // its reference: linear() + router()
+  cu::set_router_fuse(true);
+  b.y = dlog2.p, rb.logits = dlog2.p, rb.sel = dsel2.p, rb.wts = dwts2.p;
   cudaStream_t st;
   DSV4_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DSV4_CU(cudaDeviceSynchronize());  // the buffers above were filled on the legacy stream
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   DSV4_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   cu::gate_router(W, a, r, ticket.p, st);
-  cu::gate_router(W, a, r, ticket.p, st);  // kernel to kernel: the second one's blocks launch while the first drains
+  cu::gate_router(W, b, rb, ticket.p, st);  // kernel to kernel: the second one's blocks launch while the first drains
   DSV4_CU(cudaStreamEndCapture(st, &graph));
   DSV4_CU(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < 3; ++i) {
     poison(st);
+    DSV4_CU(cudaMemsetAsync(dlog2.p, 0xFF, dlog2.n * 4, st));
+    DSV4_CU(cudaMemsetAsync(dsel2.p, 0xFF, dsel2.n * 4, st));
+    DSV4_CU(cudaMemsetAsync(dwts2.p, 0xFF, dwts2.n * 4, st));
     DSV4_CU(cudaGraphLaunch(exec, st));
     DSV4_CU(cudaStreamSynchronize(st));
     expect_same("graph replay " + std::to_string(i));
+    EXPECT_EQ(0, std::memcmp(dlog2.get().data(), dlog2_ref.get().data(), static_cast<size_t>(E) * 4)) << what << ": 2nd logits";
+    EXPECT_EQ(dsel2.get(), dsel2_ref.get()) << what << ": 2nd selection, graph replay " << i;
+    EXPECT_EQ(0, std::memcmp(dwts2.get().data(), dwts2_ref.get().data(), static_cast<size_t>(k) * 4)) << what << ": 2nd weights";
   }
   std::printf("[op] %-34s fused == linear + router (eager x3, graph x3)\n", what.c_str());
   DSV4_CU(cudaGraphExecDestroy(exec));
@@ -912,13 +931,17 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
       a.scratch = scr.p;
       // Today's two kernels' worth: attention, then the store.
       DBuf<float> ring_ref(ring), o_ref(static_cast<size_t>(H * D));
+      DSV4_CU(cudaDeviceSynchronize());
       a.ring = ring_ref.p, a.o = o_ref.p;
       cu::attend(a, s);
       cu::window_store(dkv.p, 1, pos0, W, D, ring_ref.p, s, a.dpos);
       const vector<float> want_o = o_ref.get(), want_ring = ring_ref.get();
       ASSERT_EQ(std::memcmp(want_ring.data() + (pos0 % W) * D, kv.data(), D * sizeof(float)), 0) << what;
+      // (The slot written holds position pos0 - W, outside this step's window, so o cannot show a store that came
+      // too early; the ordering rests on the merge kernel's pdl_wait after pv and scores: see attend_merge_kernel.)
       // Fused.
       DBuf<float> ring_f(ring.size()), o_f(static_cast<size_t>(H * D));
+      DSV4_CU(cudaDeviceSynchronize());  // their zeroing ran on the legacy stream; s does not wait for it
       a.ring = ring_f.p, a.store_ring = ring_f.p, a.o = o_f.p;
       cudaGraphExec_t exec = nullptr;
       if (graph) {

@@ -647,6 +647,7 @@ class CudaBackend final : public Backend {
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
     OpScope prof(this, "attend");
+    stored_row_ = StoredRow{};  // first: no path out of here may leave an older match for window_store
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
     cuda::AttendArgs a;
@@ -666,7 +667,6 @@ class CudaBackend final : public Backend {
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
     const bool fuse_store = n == 1 && attend_store_fused();
     if (fuse_store) a.store_ring = S.ring;
-    stored_row_ = StoredRow{};
     cuda::attend(a, s_);
     if (fuse_store) stored_row_ = StoredRow{S.ring, kv, pos0};
   }

@@ -355,7 +355,8 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         if (row >= rows || atomicAdd(a.reduce_ctr + row, 1u) != static_cast<unsigned>(nslots - 1)) continue;
         __threadfence();
         double acc = 0.0;  // moe_reduce: slots 0..k-1, then the shared expert's (slot k), in double
-        for (int s = 0; s < nslots; ++s) acc += __ldcg(a.y + static_cast<int64_t>(s) * a.d + row);
+#pragma unroll 8
+        for (int s = 0; s < nslots; ++s) acc += __ldcg(a.y + static_cast<int64_t>(s) * a.d + row);  // loads go out together
         const float v = static_cast<float>(acc);
         a.reduce_out[row] = a.official ? bf16r(v) : v;
         a.reduce_ctr[row] = 0;

@@ -2432,7 +2432,7 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
   // The fused window store is done by the split-KV merge kernel (one token never takes the tensor-core path).
-  if (a.store_ring && (a.n != 1 || a.store_ring != a.ring))
+  if (a.store_ring && (a.n != 1 || a.store_ring != a.ring || attend_uses_tc(a)))
     fail("attention: the fused window store takes one token and the attention's own ring");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
   if (attend_uses_tc(a)) {

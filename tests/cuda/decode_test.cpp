@@ -11,6 +11,7 @@
 #include "../model/fixture_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops.h"
 #include "dsv4/engine.h"
 
 namespace dsv4::test {
@@ -151,6 +152,40 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
         EXPECT_EQ(cuda_graph_stats(eager.backend()).replays, 0);
       }
   }
+}
+
+// The decode fusions (router in the gate GEMV's last block, the MoE's sum in the down launch, the window store in the
+// attention's merge kernel) against the same model with all three off: bit-identical logits, eager and graph, both
+// numerics -- this covers CudaBackend's per-call choices (e.g. window_store skipping the row attend already stored).
+// On these tiny fixtures the store fusion engages at every single-token attention; the router and reduce fusions
+// only where a fixture's shapes take those kernels (the op tests cover them at real shapes).
+TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
+  auto set_all = [](bool on) {
+    cuda::set_router_fuse(on);
+    cuda::set_attend_store_fuse(on);
+    cuda::set_moe_reduce_fuse(on);
+  };
+  for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    const auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    for (Numerics nm : {Numerics::Reference, Numerics::Official})
+      for (bool graphs : {false, true}) {
+        std::vector<float> want, got;
+        set_all(false);
+        {
+          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+          want = decode_logits(m, ids, 9);
+        }
+        set_all(true);
+        {
+          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+          got = decode_logits(m, ids, 9);
+        }
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << ": rel L2 " << rel_l2(got, want);
+      }
+  }
+  set_all(true);
 }
 
 // Per-token decode latency, graph vs eager (median of 5 runs of `steps` single-token steps each, logits downloaded

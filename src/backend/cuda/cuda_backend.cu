@@ -665,7 +665,7 @@ class CudaBackend final : public Backend {
     a.o = o, a.err = err_;
     // Decode: the attention's merge kernel also stores the token's kv row into the ring, so the window_store that
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
-    const bool fuse_store = n == 1 && attend_store_fused();
+    const bool fuse_store = n == 1 && cuda::attend_store_fuse_enabled();
     if (fuse_store) a.store_ring = S.ring;
     cuda::attend(a, s_);
     if (fuse_store) stored_row_ = StoredRow{S.ring, kv, pos0};
@@ -810,7 +810,7 @@ class CudaBackend final : public Backend {
     a.official = official_ && tp_ == 1;
     // One GPU, decode on the ring: the down launch also sums the slots into out (one launch fewer) when ybuf holds
     // every slot moe_reduce would sum: the shared expert fused as slot k, or no shared expert.
-    const bool reduce_in_down = tp_ == 1 && (fuse || !L.has_shared) && moe_reduce_fuse_enabled() && cuda::expert_ring_eligible(a, false);
+    const bool reduce_in_down = tp_ == 1 && (fuse || !L.has_shared) && cuda::moe_reduce_fuse_enabled() && cuda::expert_ring_eligible(a, false);
     if (reduce_in_down) a.reduce_out = out, a.reduce_ctr = moe_reduce_ctr_;
     cuda::expert_down(a, s_);
     a.official = official_;
@@ -1246,20 +1246,6 @@ class CudaBackend final : public Backend {
   static bool moe_fuse_shared_enabled() {  // DSV4_MOE_FUSE_SHARED=0: the shared expert's own kernels (A/B)
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FUSE_SHARED");
-      return !(e && std::string(e) == "0");
-    }();
-    return on;
-  }
-  static bool attend_store_fused() {  // DSV4_ATTEND_FUSE_STORE=0: decode window_store as its own kernel (A/B)
-    static const bool on = [] {
-      const char* e = std::getenv("DSV4_ATTEND_FUSE_STORE");
-      return !(e && std::string(e) == "0");
-    }();
-    return on;
-  }
-  static bool moe_reduce_fuse_enabled() {  // DSV4_MOE_REDUCE_FUSE=0: the reduction in its own kernel (A/B)
-    static const bool on = [] {
-      const char* e = std::getenv("DSV4_MOE_REDUCE_FUSE");
       return !(e && std::string(e) == "0");
     }();
     return on;

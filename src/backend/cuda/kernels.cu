@@ -2489,6 +2489,18 @@ size_t gate_router_smem(const DevLinear& W, const RouterArgs& r) {
 }
 }  // namespace
 void set_router_fuse(bool on) { g_router_fuse_on.store(on, std::memory_order_relaxed); }
+namespace {
+bool switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string(e) == "0");
+}
+std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
+std::atomic<bool> g_moe_reduce_fuse_on{switch_on("DSV4_MOE_REDUCE_FUSE")};
+}  // namespace
+void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }
+bool attend_store_fuse_enabled() { return g_attend_store_fuse_on.load(std::memory_order_relaxed); }
+void set_moe_reduce_fuse(bool on) { g_moe_reduce_fuse_on.store(on, std::memory_order_relaxed); }
+bool moe_reduce_fuse_enabled() { return g_moe_reduce_fuse_on.load(std::memory_order_relaxed); }
 
 // BF16 gates only: the checkpoints' format (MODEL.md), the one kernel instance compiled and tested.
 bool gate_router_fused(const DevLinear& W, const LinearArgs& a, const RouterArgs& r) {

@@ -262,6 +262,13 @@ void router(const RouterArgs& a, cudaStream_t s);
 void gate_router(const DevLinear& gate, const LinearArgs& a, const RouterArgs& r, unsigned* ticket, cudaStream_t s);
 bool gate_router_fused(const DevLinear& gate, const LinearArgs& a, const RouterArgs& r);
 void set_router_fuse(bool on);
+// The other decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store
+// inside the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the MoE's
+// final sum inside the down ring launch (DSV4_MOE_REDUCE_FUSE=0 / false: moe_reduce).
+void set_attend_store_fuse(bool on);
+bool attend_store_fuse_enabled();
+void set_moe_reduce_fuse(bool on);
+bool moe_reduce_fuse_enabled();
 
 // Routed experts on the device: table[e] holds expert e's w1/w3/w2 (all in the same format).
 struct DevExpert {

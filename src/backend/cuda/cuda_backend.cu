@@ -551,6 +551,7 @@ class CudaBackend final : public Backend {
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     OpScope prof(this, "attn_qkv");
+    stored_rows_.clear();
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
     const int H = heads();  // this rank's query heads (all of them without TP)
@@ -647,7 +648,6 @@ class CudaBackend final : public Backend {
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
     OpScope prof(this, "attend");
-    stored_row_ = StoredRow{};  // first: no path out of here may leave an older match for window_store
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
     cuda::AttendArgs a;
@@ -668,15 +668,18 @@ class CudaBackend final : public Backend {
     const bool fuse_store = n == 1 && cuda::attend_store_fuse_enabled();
     if (fuse_store) a.store_ring = S.ring;
     cuda::attend(a, s_);
-    if (fuse_store) stored_row_ = StoredRow{S.ring, kv, pos0};
+    if (fuse_store) stored_rows_.push_back(StoredRow{S.ring, kv, pos0});
   }
 
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
     OpScope prof(this, "window_store");
     DevLayerState& S = seq(sst, layer);
-    if (n == 1 && stored_row_ == StoredRow{S.ring, kv, pos0}) {  // enqueued by the attention just before
-      stored_row_ = StoredRow{};
-      return;
+    if (n == 1) {  // stored by this sub-layer's attention (one row per sequence of a batch): nothing to launch
+      const auto it = std::find(stored_rows_.begin(), stored_rows_.end(), StoredRow{S.ring, kv, pos0});
+      if (it != stored_rows_.end()) {
+        stored_rows_.erase(it);
+        return;
+      }
     }
     cuda::window_store(kv, n, pos0, c_.window, c_.head_dim, S.ring, s_, dpos());
   }
@@ -1250,14 +1253,16 @@ class CudaBackend final : public Backend {
     }();
     return on;
   }
-  // The window row the last single-token attend stored into the ring along with its merge (window_store skips it).
+  // The window rows this attention sub-layer's single-token attends stored into their rings along with the merge
+  // (window_store skips them; a batch's attend_rows stores one per sequence before window_store_rows runs). Cleared
+  // by attn_qkv, the sub-layer's first op, so no row of an earlier layer or step can match.
   struct StoredRow {
     const float* ring = nullptr;
     const float* kv = nullptr;
     int64_t pos0 = -1;
     bool operator==(const StoredRow& o) const { return ring == o.ring && kv == o.kv && pos0 == o.pos0; }
   };
-  StoredRow stored_row_;
+  std::vector<StoredRow> stored_rows_;
   static bool moe_fork_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FORK");

@@ -962,8 +962,27 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
         EXPECT_EQ(std::memcmp(got_ring.data(), want_ring.data(), want_ring.size() * sizeof(float)), 0) << what << " rep " << rep;
       }
       if (exec) DSV4_CU(cudaGraphExecDestroy(exec));
+      // And with attn_out's inverse RoPE fused too: o bit for bit norm_rope(inverse) of the unfused o.
+      {
+        const int R = 64;
+        vector<float> inv(R / 2);
+        for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / R);
+        DBuf<float> dinv(inv), want_d(static_cast<size_t>(H * D)), o_d(static_cast<size_t>(H * D)), ring_d(ring);
+        DSV4_CU(cudaDeviceSynchronize());
+        cu::NormRopeArgs nr;
+        nr.x = o_ref.p, nr.y = want_d.p, nr.rows = H, nr.rows_per_token = H, nr.len = D, nr.do_norm = false;
+        nr.rope_dim = R, nr.inv_freq = dinv.p, nr.pos0 = pos0, nr.inverse = true, nr.official = official, nr.dpos = a.dpos;
+        cu::norm_rope(nr, s);
+        cu::AttendArgs b = a;
+        b.ring = ring_d.p, b.store_ring = ring_d.p, b.o = o_d.p, b.derope_inv_freq = dinv.p, b.derope_dim = R;
+        cu::fill_f32(o_d.p, H * D, std::nanf(""), s);
+        cu::attend(b, s);
+        const vector<float> wd = want_d.get(), gd = o_d.get();
+        EXPECT_EQ(std::memcmp(gd.data(), wd.data(), wd.size() * sizeof(float)), 0) << what << " + derope";
+        EXPECT_NE(std::memcmp(wd.data(), want_o.data(), wd.size() * sizeof(float)), 0) << what << ": the RoPE changed nothing";
+      }
       EXPECT_EQ(derr.get()[0], 0) << what;
-      std::printf("[op] %s: o and ring bit-identical to attend + window_store\n", what.c_str());
+      std::printf("[op] %s: o and ring bit-identical to attend + window_store (+ inverse RoPE)\n", what.c_str());
     }
   DSV4_CU(cudaStreamDestroy(s));
 }

@@ -551,7 +551,7 @@ class CudaBackend final : public Backend {
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     OpScope prof(this, "attn_qkv");
-    stored_rows_.clear();
+    stored_rows_.clear(), deroped_.clear();
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
     const int H = heads();  // this rank's query heads (all of them without TP)
@@ -667,8 +667,12 @@ class CudaBackend final : public Backend {
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
     const bool fuse_store = n == 1 && cuda::attend_store_fuse_enabled();
     if (fuse_store) a.store_ring = S.ring;
+    // ... and applies attn_out's inverse RoPE to o, whose norm_rope launch attn_out then skips.
+    const bool derope = n == 1 && cuda::attend_derope_fuse_enabled();
+    if (derope) a.derope_inv_freq = L.inv_freq, a.derope_dim = static_cast<int>(c_.rope_dim);
     cuda::attend(a, s_);
     if (fuse_store) stored_rows_.push_back(StoredRow{S.ring, kv, pos0});
+    if (derope) deroped_.push_back(Deroped{layer, o, pos0});
   }
 
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
@@ -689,12 +693,19 @@ class CudaBackend final : public Backend {
     const DevLayer& L = lay(layer);
     const int H = heads(), G = c_.o_groups / tp_;  // TP: this rank's heads in its whole groups
     const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
-    float* u = scratch(5, static_cast<size_t>(n) * H * D);
-    cuda::NormRopeArgs a;
-    a.x = o, a.y = u, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
-    a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
-    a.dpos = dpos();
-    cuda::norm_rope(a, s_);
+    const float* u = o;  // the de-roped attention output
+    const auto done = std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o, pos0});
+    if (n == 1 && done != deroped_.end()) {
+      deroped_.erase(done);  // the attention's merge kernel applied the inverse RoPE already
+    } else {
+      float* ur = scratch(5, static_cast<size_t>(n) * H * D);
+      cuda::NormRopeArgs a;
+      a.x = o, a.y = ur, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
+      a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
+      a.dpos = dpos();
+      cuda::norm_rope(a, s_);
+      u = ur;
+    }
     float* z = scratch(6, static_cast<size_t>(n) * G * ro);
     // Grouped wo_a: CPU applies no activation quantization here (plain dot), then BF16 rounding in official mode.
     cuda::LinearArgs g;
@@ -1263,6 +1274,15 @@ class CudaBackend final : public Backend {
     bool operator==(const StoredRow& o) const { return ring == o.ring && kv == o.kv && pos0 == o.pos0; }
   };
   std::vector<StoredRow> stored_rows_;
+  // The attention outputs this sub-layer's single-token attends left de-roped (attn_out skips their norm_rope);
+  // cleared with stored_rows_.
+  struct Deroped {
+    int layer = -1;
+    const float* o = nullptr;
+    int64_t pos0 = -1;
+    bool operator==(const Deroped& d) const { return layer == d.layer && o == d.o && pos0 == d.pos0; }
+  };
+  std::vector<Deroped> deroped_;
   static bool moe_fork_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FORK");

@@ -144,16 +144,18 @@ __device__ __forceinline__ void block_hadamard(float* x, int n) {
 }
 
 // RoPE on interleaved pairs of x[0..2*pairs) at position pos (fp32 angle pos * inv_freq, like rope.cpp).
+// One RoPE pair (a, b) of pair index i at position fp: explicit roundings, so that every kernel that rotates a pair
+// (norm_rope's block_rope, the attention merge's fused inverse RoPE) computes the same bits.
+__device__ __forceinline__ void rope_pair(float& a, float& b, float fp, float inv_freq_i, bool inverse) {
+  const float ang = __fmul_rn(fp, inv_freq_i);
+  const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
+  const float a0 = a, b0 = b;
+  a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
+  b = __fadd_rn(__fmul_rn(a0, s), __fmul_rn(b0, c));
+}
 __device__ __forceinline__ void block_rope(float* x, const float* inv_freq, int pairs, int64_t pos, bool inverse) {
   const float fp = static_cast<float>(pos);
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    float ang = fp * inv_freq[i];
-    float c = cosf(ang), s = sinf(ang);
-    if (inverse) s = -s;
-    float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * c - b * s;
-    x[2 * i + 1] = a * s + b * c;
-  }
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_pair(x[2 * i], x[2 * i + 1], fp, inv_freq[i], inverse);
   __syncthreads();
 }
 

@@ -1425,24 +1425,39 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
 // would read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks) through one SM's L2
 // port -- by estimate (not measured) several times the ~2.5 us that the kernel boundary costs -- where this grid
 // spreads them over every SM. Decode instead folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
+// derope (n == 1): the last R dims of every head leave with attn_out's inverse RoPE at the query's position applied
+// (norm_rope with do_norm = false: rope_pair on the merged [official BF16] values, then [official] BF16); the thread
+// of a pair's first element merges and writes both.
 __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o,
-                                    const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos) {
+                                    const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos,
+                                    const float* derope, int R) {
   pdl_wait();
-  const int64_t total = static_cast<int64_t>(n) * H * D;
+  if (dpos) pos0 = *dpos;
+  const int64_t total = static_cast<int64_t>(n) * H * D, nope = D - R;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t x = first; x < total; x += stride) {
+  auto merged = [&](int64_t x) {
     const int64_t i = x / (H * D), r = x % (H * D);
     const float* p = part + i * nchunks * H * D + r;
     float s = 0.0f;
     for (int c = 0; c < nchunks; ++c) s += p[static_cast<int64_t>(c) * H * D];
-    o[x] = official ? bf16r(s) : s;
+    return official ? bf16r(s) : s;
+  };
+  for (int64_t x = first; x < total; x += stride) {
+    const int64_t e = x % D;
+    if (!derope || e < nope) {
+      o[x] = merged(x);
+    } else if (((e - nope) & 1) == 0) {
+      float a = merged(x), b = merged(x + 1);
+      rope_pair(a, b, static_cast<float>(pos0), derope[(e - nope) / 2], true);
+      o[x] = official ? bf16r(a) : a;
+      o[x + 1] = official ? bf16r(b) : b;
+    }
   }
   // window_store of the single token (n == 1): ring[pos0 % window] = kv. Ordering: the ring's readers, scores and pv,
   // have completed when pdl_wait returns (pv precedes this kernel in the stream, scores precedes pv), so no block of
   // this step's attention can see the new row; the next reader is a later step's attention, stream-ordered after
   // this kernel. kv (this step's row) is only read here, as in scores and pv.
   if (ring) {
-    if (dpos) pos0 = *dpos;
     float* dst = ring + (pos0 % window) * D;
     for (int64_t e = first; e < D; e += stride) dst[e] = kv[e];
   }
@@ -2432,6 +2447,9 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
   // The fused window store is done by the split-KV merge kernel (one token never takes the tensor-core path).
+  if (a.derope_inv_freq && (a.n != 1 || attend_uses_tc(a) || a.derope_dim <= 0 || a.derope_dim % 2 != 0 ||
+                            a.derope_dim > a.D || (a.D - a.derope_dim) % 2 != 0))
+    fail("attention: the fused inverse RoPE takes one token and an even rope dim <= the head dim (", a.derope_dim, ")");
   if (a.store_ring && (a.n != 1 || a.store_ring != a.ring || attend_uses_tc(a)))
     fail("attention: the fused window store takes one token and the attention's own ring");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
@@ -2458,7 +2476,7 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   launch(attend_pv_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
   DSV4_LAUNCHED();
   launch(attend_merge_kernel, grid_1d(static_cast<int64_t>(a.n) * a.H * a.D), 256, 0, s, part, a.n, a.H, a.D, nchunks,
-         a.official, a.o, a.kv, a.store_ring, a.window, a.pos0, a.dpos);
+         a.official, a.o, a.kv, a.store_ring, a.window, a.pos0, a.dpos, a.derope_inv_freq, a.derope_dim);
   DSV4_LAUNCHED();
 }
 
@@ -2496,7 +2514,10 @@ bool switch_on(const char* name) {
 }
 std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
 std::atomic<bool> g_moe_reduce_fuse_on{switch_on("DSV4_MOE_REDUCE_FUSE")};
+std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 }  // namespace
+void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::memory_order_relaxed); }
+bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_store_fuse_enabled() { return g_attend_store_fuse_on.load(std::memory_order_relaxed); }
 void set_moe_reduce_fuse(bool on) { g_moe_reduce_fuse_on.store(on, std::memory_order_relaxed); }

@@ -228,6 +228,10 @@ struct AttendArgs {
   // Single-token decode (n == 1): also store this token's kv row into the window ring, i.e. window_store fused into
   // the attention's last kernel (it runs after every kernel that reads the ring). The ring itself (a.ring), writable.
   float* store_ring = nullptr;
+  // Single-token decode: o leaves with the inverse RoPE of its last derope_dim dims per head already applied (at the
+  // query's position, [official] BF16) -- attn_out's norm_rope fused into the merge kernel, bit for bit.
+  const float* derope_inv_freq = nullptr;
+  int derope_dim = 0;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
@@ -269,6 +273,10 @@ void set_attend_store_fuse(bool on);
 bool attend_store_fuse_enabled();
 void set_moe_reduce_fuse(bool on);
 bool moe_reduce_fuse_enabled();
+// The attention output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's
+// norm_rope launch).
+void set_attend_derope_fuse(bool on);
+bool attend_derope_fuse_enabled();
 
 // Routed experts on the device: table[e] holds expert e's w1/w3/w2 (all in the same format).
 struct DevExpert {

@@ -187,6 +187,41 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << ": rel L2 " << rel_l2(got, want);
       }
+    // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.
+    for (Numerics nm : {Numerics::Reference, Numerics::Official}) {
+      std::vector<std::vector<std::vector<float>>> rows[2];
+      for (int on = 0; on < 2; ++on) {
+        set_all(on == 1);
+        Model m(dir, make_cuda_backend(), nm);
+        const Plan p = make_plan(ids, static_cast<int>(m.config().vocab_size));
+        rows[on].assign(p.toks.size(), std::vector<std::vector<float>>(static_cast<size_t>(p.steps)));
+        const size_t V = static_cast<size_t>(m.config().vocab_size);
+        Forward fwd(m, 64);
+        std::vector<std::unique_ptr<SequenceState>> sts;
+        std::vector<float> lg(V), out(p.toks.size() * V);
+        for (size_t q = 0; q < p.toks.size(); ++q) {
+          sts.push_back(m.backend().new_sequence(256));
+          if (p.prefill[q] > 0) fwd.forward(*sts[q], p.toks[q].data(), p.prefill[q], 0, lg.data(), true);
+        }
+        for (int k = 0; k < p.steps; ++k) {  // every sequence, every step
+          std::vector<SequenceState*> rs;
+          std::vector<int32_t> tk;
+          std::vector<int64_t> ps;
+          for (size_t q = 0; q < p.toks.size(); ++q) {
+            rs.push_back(sts[q].get());
+            ps.push_back(p.prefill[q] + k);
+            tk.push_back(p.toks[q][static_cast<size_t>(ps.back())]);
+          }
+          fwd.forward_batch(rs.data(), tk.data(), ps.data(), static_cast<int>(rs.size()), out.data());
+          for (size_t q = 0; q < p.toks.size(); ++q)
+            rows[on][q][static_cast<size_t>(k)].assign(out.begin() + static_cast<long>(q * V), out.begin() + static_cast<long>((q + 1) * V));
+        }
+      }
+      for (size_t q = 0; q < rows[0].size(); ++q)
+        for (size_t k = 0; k < rows[0][q].size(); ++k)
+          EXPECT_EQ(std::memcmp(rows[1][q][k].data(), rows[0][q][k].data(), rows[0][q][k].size() * 4), 0)
+              << name << " " << numerics_name(nm) << " batched: sequence " << q << " step " << k;
+    }
   }
   set_all(true);
 }

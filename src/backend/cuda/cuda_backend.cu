@@ -694,11 +694,12 @@ class CudaBackend final : public Backend {
     const int H = heads(), G = c_.o_groups / tp_;  // TP: this rank's heads in its whole groups
     const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
     const float* u = o;  // the de-roped attention output
+    // Sized on every path: a switch flipped between a graph's warm-up and its capture must not grow it in capture.
+    float* ur = scratch(5, static_cast<size_t>(n) * H * D);
     const auto done = std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o, pos0});
     if (n == 1 && done != deroped_.end()) {
       deroped_.erase(done);  // the attention's merge kernel applied the inverse RoPE already
     } else {
-      float* ur = scratch(5, static_cast<size_t>(n) * H * D);
       cuda::NormRopeArgs a;
       a.x = o, a.y = ur, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
       a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;

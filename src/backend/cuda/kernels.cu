@@ -2446,7 +2446,8 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
-  // The fused window store is done by the split-KV merge kernel (one token never takes the tensor-core path).
+  // The fused inverse RoPE and window store are done by the split-KV merge kernel (one token never takes the
+  // tensor-core path).
   if (a.derope_inv_freq && (a.n != 1 || attend_uses_tc(a) || a.derope_dim <= 0 || a.derope_dim % 2 != 0 ||
                             a.derope_dim > a.D || (a.D - a.derope_dim) % 2 != 0))
     fail("attention: the fused inverse RoPE takes one token and an even rope dim <= the head dim (", a.derope_dim, ")");

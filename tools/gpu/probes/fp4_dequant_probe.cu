@@ -1,7 +1,8 @@
 // Probe: instruction cost of the decode FP4 (E2M1) dot product, and one SM's L2 read bandwidth -- numbers the next
 // decode-expert design needs (the ring expert kernels are issue-bound at ~135 instructions per 16-byte chunk).
 // One block per SM (132 x 512 threads), weights and activations in shared memory (no DRAM in the loop); each variant
-// computes the same dot products, cycles per 16-byte chunk per warp are printed with the sums' agreement.
+// computes the same dot products; printed: wall cycles per warp step (32 chunks; 16 warps share the SM's 4
+// schedulers, so x 4 / 16 = issue cycles per step if issue-bound) and the sums' agreement.
 //   A: today's e2m1 pair -> f16x2 bit trick, two f16 -> f32 conversions, two FMAs (kernels.cu chunk_math<kFP4>)
 //   B: byte-table (PRMT) decode of 4 nibbles to bf16 bit patterns, f32 = pattern << 16 (sign OR-ed in), FMAs
 // Build/run on the GPU machine: nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a fp4_dequant_probe.cu -o p && ./p
@@ -82,6 +83,7 @@ __global__ void __launch_bounds__(512, 1) dot_kernel(const uint4* w_g, const flo
       for (int h = 0; h < 4; ++h) s = V == 0 ? word_a(wd[h], xs + 8 * h, s) : word_b(wd[h], xs + 8 * h, s);
       acc += V == 0 ? s * 16384.0f : s;  // the same values: powers of two scale the exact products
     }
+  __syncthreads();  // the block's last warp, not only warp 0
   const long long t1 = clock64();
   out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
   if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
@@ -91,9 +93,16 @@ __global__ void __launch_bounds__(512, 1) dot_kernel(const uint4* w_g, const flo
 __global__ void l2_read_kernel(const uint4* p, size_t n, float* out, long long* cyc) {
   uint32_t acc = 0;
   const long long t0 = clock64();
-  for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const uint4 v = __ldcg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  // 8 independent loads in flight per thread (one at a time measured latency, not bandwidth).
+  for (size_t i0 = threadIdx.x; i0 < n; i0 += 8 * static_cast<size_t>(blockDim.x)) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const size_t i = i0 + static_cast<size_t>(u) * blockDim.x;
+      v[u] = i < n ? __ldcg(p + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   __syncthreads();
   const long long t1 = clock64();
@@ -134,8 +143,8 @@ int main() {
     }
     // chunks handled per warp: kIters * kChunks / 16 warps; cycles per chunk-step of one warp (32 chunks)
     const double steps = static_cast<double>(kIters) * kChunks / 512.0;
-    std::printf("%-36s %8lld cycles, %.1f cycles per warp step (32 chunks = 512 B), %.2f B/cycle/SM\n", names[v], best,
-                best / steps, kIters * kChunks * 16.0 / best);
+    std::printf("%-36s %8lld cycles, %.1f cycles per warp step (32 chunks = 512 B; x 4/16 = %.1f issue cycles), "
+                "%.2f B/cycle/SM\n", names[v], best, best / steps, best / steps * 4.0 / 16.0, kIters * kChunks * 16.0 / best);
   }
   std::vector<float> o0(sms * 512), o1(sms * 512);
   cudaMemcpy(o0.data(), dout[0], o0.size() * 4, cudaMemcpyDeviceToHost);

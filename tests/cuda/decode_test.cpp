@@ -155,17 +155,13 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
   }
 }
 
-// The decode fusions (router in the gate GEMV's last block, the MoE's sum in the down launch, the window store and
-// attn_out's inverse RoPE in the attention's merge kernel) against the same model with all of them off: bit-identical
-// logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (e.g. window_store skipping
-// the row attend already stored, attn_out skipping its norm_rope).
-// On these tiny fixtures the store fusion engages at every single-token attention; the router and reduce fusions
-// only where a fixture's shapes take those kernels (the op tests cover them at real shapes).
+// The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel) against the same
+// model with both off: bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call
+// choices (window_store skipping the row attend already stored, attn_out skipping its norm_rope). On these tiny
+// fixtures both fusions engage at every single-token attention.
 TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
   auto set_all = [](bool on) {
-    cuda::set_router_fuse(on);
     cuda::set_attend_store_fuse(on);
-    cuda::set_moe_reduce_fuse(on);
     cuda::set_attend_derope_fuse(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {

@@ -336,8 +336,6 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, sizeof(int64_t)));
-    route_ticket_ = static_cast<unsigned*>(heap_.alloc(sizeof(unsigned)));
-    DSV4_CU(cudaMemset(route_ticket_, 0, sizeof(unsigned)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
@@ -382,9 +380,6 @@ class CudaBackend final : public Backend {
     // The MTP block is layer n_layers (as on the CPU): its sequence state comes with every new_sequence.
     if (w.mtp) layers_.push_back(load_layer(*w.mtp));
     weight_bytes_ = heap_.bytes() - before;
-    moe_reduce_ctr_ = static_cast<uint32_t*>(heap_.alloc(static_cast<size_t>(c.hidden) * 4));
-    DSV4_CU(cudaMemset(moe_reduce_ctr_, 0, static_cast<size_t>(c.hidden) * 4));
-    DSV4_CU(cudaDeviceSynchronize());  // the memset runs on the legacy stream; s_ does not wait for it
     size_t free_b = 0, total_b = 0;
     DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
     std::fprintf(stderr, "[dsv4] cuda:%d%s: weights %.2f GiB loaded, %.2f GiB of %.2f GiB free for state and workspaces\n",
@@ -776,6 +771,7 @@ class CudaBackend final : public Backend {
       ys = ybuf + static_cast<size_t>(k) * d;  // written by the fused down launch (slot k)
     }
     float* logits = scratch(7, static_cast<size_t>(n) * E);
+    plain(L.gate, x, n, logits);
     int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
     float* wts = scratch(15, static_cast<size_t>(n) * k);
     cuda::RouterArgs r;
@@ -784,10 +780,7 @@ class CudaBackend final : public Backend {
     r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
-    // The gate is a plain() linear; a decode token's routing runs in the gate GEMV's launch (one kernel boundary less).
-    cuda::LinearArgs g;
-    g.x = x, g.ldx = L.gate.in, g.n = n, g.y = logits, g.ldy = L.gate.out;
-    cuda::gate_router(L.gate, g, r, route_ticket_, s_);
+    cuda::router(r, s_);
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
@@ -823,15 +816,11 @@ class CudaBackend final : public Backend {
     }
     a.y = ybuf;
     a.official = official_ && tp_ == 1;
-    // One GPU, decode on the ring: the down launch also sums the slots into out (one launch fewer) when ybuf holds
-    // every slot moe_reduce would sum: the shared expert fused as slot k, or no shared expert.
-    const bool reduce_in_down = tp_ == 1 && (fuse || !L.has_shared) && cuda::moe_reduce_fuse_enabled() && cuda::expert_ring_eligible(a, false);
-    if (reduce_in_down) a.reduce_out = out, a.reduce_ctr = moe_reduce_ctr_;
     cuda::expert_down(a, s_);
     a.official = official_;
     if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done
     if (tp_ == 1) {
-      if (!reduce_in_down) cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+      cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
       return;
     }
     if (!ys) {  // no shared expert: its slot holds zeros
@@ -1315,8 +1304,6 @@ class CudaBackend final : public Backend {
   int captures_ = 0, replays_ = 0;
   DevHeap heap_;
   int* err_ = nullptr;
-  unsigned* route_ticket_ = nullptr;  // gate_router's last-block counter (routers run one at a time, on s_)
-  uint32_t* moe_reduce_ctr_ = nullptr;  // [hidden] zeros: moe()'s down launch reducing its output (ExpertArgs::reduce_ctr)
   const void* embed_ = nullptr;
   int embed_dtype_ = 1;
   DevLinear head_;

@@ -207,9 +207,6 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   float* xs = reinterpret_cast<float*>(smem + kRingBytes);
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
-  // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
-  // over every SM instead of the first ~64 blocks' warps.
-  const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
   // The shared expert's walk (has_sh); PRE: its first copies are issued before griddepcontrol.wait (ring_walk).
   auto walk_shared = [&](auto pre) {
     constexpr bool PRE = decltype(pre)::value;
@@ -256,6 +253,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           if (t * kRingR + r < rows2) a.y[static_cast<int64_t>(k) * a.d + t * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
       }
     };
+    // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
+    // over every SM instead of the first ~64 blocks' warps.
+    const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
     ring_walk<kFP8, kRingR, C::S, PRE>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
       if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
       else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
@@ -329,38 +329,6 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
     }
   });
-  if constexpr (!GATE_UP) {
+  if constexpr (!GATE_UP)
     if (has_sh) walk_shared(std::false_type{});
-    if (a.reduce_out) {
-      // The MoE's final sum (moe_reduce's arithmetic) without a launch of its own: output row j is complete once
-      // every slot's tile holding it has stored y[slot][j]. A counter per row takes one ticket per such tile, and
-      // the lane that draws the last one sums the row. A warp takes its tickets after its whole walk (rows complete
-      // at the end anyway: each warp walks its shared tile last), one lane per (tile, row): one fence and one round
-      // of independent atomics per warp instead of a fence and an atomic round trip after every tile.
-      // Ordering: lane 0 stored this warp's y rows (flush, flush2). __syncwarp() orders those stores before every
-      // lane's __threadfence(), which makes it a release fence for that lane's atomicAdd (fences are cumulative:
-      // they cover what precedes them through the barrier, the pattern of cooperative groups' grid sync). A row's
-      // atomics are totally ordered, so the lane drawing its last ticket comes after every tile's release; its own
-      // __threadfence() after the atomic is the acquire, and it reads y through L2 (__ldcg), never an L1 line. The
-      // counter goes back to 0 for the next launch, which passes its griddepcontrol.wait only after this grid has
-      // completed (every kernel in between waits for its predecessor before it touches memory).
-      const int nslots = k + (has_sh ? 1 : 0);
-      const int64_t nr = gw < ntiles ? (ntiles - gw + nw - 1) / nw : 0;  // this warp's routed tiles (ring_walk)
-      const int64_t ns = has_sh && gw2 < per_slot ? (per_slot - gw2 + nw - 1) / nw : 0;  // and shared ones
-      __syncwarp();
-      __threadfence();
-      for (int64_t p = lane; p < (nr + ns) * kRingR; p += 32) {
-        const int64_t i = p / kRingR, g = i < nr ? (gw + i * nw) % per_slot : gw2 + (i - nr) * nw;
-        const int64_t row = g * kRingR + p % kRingR;
-        if (row >= rows || atomicAdd(a.reduce_ctr + row, 1u) != static_cast<unsigned>(nslots - 1)) continue;
-        __threadfence();
-        double acc = 0.0;  // moe_reduce: slots 0..k-1, then the shared expert's (slot k), in double
-#pragma unroll 8
-        for (int s = 0; s < nslots; ++s) acc += __ldcg(a.y + static_cast<int64_t>(s) * a.d + row);  // loads go out together
-        const float v = static_cast<float>(acc);
-        a.reduce_out[row] = a.official ? bf16r(v) : v;
-        a.reduce_ctr[row] = 0;
-      }
-    }
-  }
 }

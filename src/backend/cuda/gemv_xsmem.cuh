@@ -156,12 +156,8 @@ __device__ __forceinline__ void rows_dot_xs(const uint8_t* const* wp, const void
 
 // Single-token GEMV (n == 1): grid ceil(out / rows per block); 8 warps = ks K-slices x (8/ks) row groups of 2 rows.
 // Grouped mode: the block's rows lie in one group (the launcher checks), whose x slice is staged.
-// ROUTE (gemv_xs_router_kernel): y are the router logits of token 0, and the block that finishes last routes them
-// (router_route, with route.logits == a.y) instead of a router_kernel launch after this one. The dynamic shared
-// memory must also hold router_route's 3 * E floats; ticket: a zeroed counter the last block sets back to 0.
-template <int F, bool ROUTE>
-__device__ __forceinline__ void gemv_xs_body(WRow W, int64_t out, LinearArgs a, int ks, const RouterArgs& route,
-                                             unsigned* ticket) {
+template <int F>
+__global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
   // pdl_wait() inside the staging lambda: the first weight loads (rows_dot_xs issues them before staging) do not
   // depend on the previous kernel and overlap its tail under programmatic dependent launch.
   constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
@@ -187,7 +183,6 @@ __device__ __forceinline__ void gemv_xs_body(WRow W, int64_t out, LinearArgs a, 
   const float* x = a.x + (a.group_rows ? (block_row0 / a.group_rows) * a.group_x_off : 0);
   float acc[R];
   rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] {
-    if constexpr (ROUTE) router_prefetch_bias(route);
     pdl_wait();
     stage_x<F>(x, W.in, xs, a.qa8_x);
   }, acc);
@@ -198,51 +193,18 @@ __device__ __forceinline__ void gemv_xs_body(WRow W, int64_t out, LinearArgs a, 
 #pragma unroll
       for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
     __syncthreads();
-    if (kslice == 0)
+    if (kslice != 0) return;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float s = red[warp][r];
-        for (int j = 1; j < ks; ++j) s += red[warp + j][r];
-        acc[r] = s;
-      }
+    for (int r = 0; r < R; ++r) {
+      float s = red[warp][r];
+      for (int j = 1; j < ks; ++j) s += red[warp + j][r];
+      acc[r] = s;
+    }
   }
-  if (lane == 0 && kslice == 0)
+  if (lane == 0)
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (row0 + r < out) a.y[row0 + r] = a.round_bf16 ? bf16r(acc[r]) : acc[r];
-  if constexpr (ROUTE) {
-    // The last block to finish routes (threadfence-reduction handshake). Release: every thread fences after its
-    // logit stores, and the barrier orders all those fences before thread 0's ticket (atomicAdd at L2). Acquire:
-    // the block that draws ticket gridDim.x - 1 saw every other block's ticket, each issued after that block's
-    // stores were made visible device-wide; its thread 0 fences right after the atomic and the barrier carries that
-    // to all its threads, which read the logits through L2 (__ldcg in router_route, never a stale L1 line). xs is
-    // free after the barrier (every warp is past its dot products) and becomes router_route's scratch. The reset
-    // cannot race the counter's next use: that is a later kernel's, after its pdl_wait, so after this grid completed.
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-      if (last) {
-        __threadfence();
-        *ticket = 0;
-      }
-    }
-    __syncthreads();
-    if (!last) return;
-    router_stage_bias(route, xs);
-    router_route(route, 0, xs);
-  }
-}
-template <int F>
-__global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
-  gemv_xs_body<F, false>(W, out, a, ks, RouterArgs{}, nullptr);
-}
-// The decode router's gate GEMV + routing in one launch (gate_router()); 256 threads like router_kernel (same bits).
-template <int F>
-__global__ void __launch_bounds__(256, 2) gemv_xs_router_kernel(WRow W, int64_t out, LinearArgs a, int ks, RouterArgs route,
-                                                                unsigned* ticket) {
-  gemv_xs_body<F, true>(W, out, a, ks, route, ticket);
 }
 
 // Routed experts v3. gate/up: grid (ceil(I / 16), n * k); warp w of a block takes intermediate rows r = 16 * bx + 2w

@@ -1475,41 +1475,31 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The fused decode router does not know its last block in advance: block 0 pulls the constant bias into L2 before
-// griddepcontrol.wait instead (router_kernel stages it then), so that the last block's loads of it hit L2.
-__device__ __forceinline__ void router_prefetch_bias(const RouterArgs& a) {
-  if (blockIdx.x == 0 && a.bias)
-    for (int e = threadIdx.x * 32; e < a.E; e += blockDim.x * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.bias + e));
-}
-// The routing of token row t (router_kernel's body; the fused decode gate GEMV's last block runs it too, see
-// gemv_xs_body): sm holds 3 * E floats of dynamic shared memory, whose bias part the same threads filled with
-// router_stage_bias first (each thread reads back only the entries it wrote: no barrier between). Correct for any 1-D
-// block; the softmax's double sum is reduced per block, so both callers use 256 threads to give the same bits. The
-// logits are read through L2 (__ldcg): in the fused GEMV other blocks wrote them during this kernel.
-__device__ __forceinline__ void router_stage_bias(const RouterArgs& a, float* sm) {
-  if (a.bias)
-    for (int e = threadIdx.x; e < a.E; e += blockDim.x) sm[2 * a.E + e] = a.bias[e];
-}
-__device__ __forceinline__ void router_route(const RouterArgs& a, int t, float* sm) {
+__global__ void router_kernel(RouterArgs a) {
+  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
   __shared__ double red[32];
   __shared__ int sel[64];
-  const int E = a.E, k = a.k;
+  const int t = blockIdx.x, E = a.E, k = a.k;
   const float* lg = a.logits + static_cast<int64_t>(t) * E;
   float* s = sm;
   float* b = sm + E;
-  const float* bias = sm + 2 * E;
+  float* bias = sm + 2 * E;
+  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
+  if (a.bias)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) bias[e] = a.bias[e];
+  pdl_wait();
   float mx = -INFINITY;
   if (a.func == 2) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, __ldcg(lg + e));
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lg[e]);
     mx = block_max(mx, red);
   }
   double z = 0.0;
   if (a.func == 2) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) z += exp(static_cast<double>(__ldcg(lg + e) - mx));
+    for (int e = threadIdx.x; e < E; e += blockDim.x) z += exp(static_cast<double>(lg[e] - mx));
     z = block_sum_d(z, red);
   }
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float v = __ldcg(lg + e);
+    const float v = lg[e];
     float sv;
     if (a.func == 0) sv = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
     else if (a.func == 1) sv = sigm(v);
@@ -1537,14 +1527,6 @@ __device__ __forceinline__ void router_route(const RouterArgs& a, int t, float* 
       a.wts[t * k + j] = static_cast<float>(a.norm_topk ? sj / sum : static_cast<double>(sj)) * a.scaling;
     }
   }
-}
-
-__global__ void router_kernel(RouterArgs a) {
-  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
-  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
-  router_stage_bias(a, sm);
-  pdl_wait();
-  router_route(a, blockIdx.x, sm);
 }
 
 __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt, bool official) {
@@ -2113,43 +2095,12 @@ bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
 
-namespace {
-// The kernel gemv() runs for a call, decided in one place: gate_router() fuses the router into gemv_xs_kernel only
-// where gemv() would run that kernel.
-enum class GemvPath { Scalar, TensorCore, Ring, Tiles, Xs, V2 };
-struct GemvPlan {
-  GemvPath path;
-  int ks = 1;  // K slices (Xs, V2)
-};
-GemvPlan gemv_plan(const DevLinear& W, const LinearArgs& a) {
-  const int f = fmt_of(W.fmt);
-  if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) return {GemvPath::Scalar};
-  if (gemv_tc_eligible(W, a)) return {GemvPath::TensorCore};
-  if (gemv_ring_eligible(W, a)) return {GemvPath::Ring};
-  // K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32 chunks a slice.
-  const int64_t nch = W.in / chunk_width(f);
-  const unsigned ty = blocks_for(a.n, kGemvNT);
-  int ks = 1;
-  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
-  const int64_t block_rows = (8 / ks) * kGemvR;
-  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
-  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
-  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
-      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks)
-    return {GemvPath::Tiles, ks};
-  if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) return {GemvPath::Xs, ks};
-  return {GemvPath::V2, ks};
-}
-}  // namespace
-
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.qa8_x && !gemv_stages_x(W, a)) fail("linear: qa8_x on a path that does not stage x (", W.out, "x", W.in, ", n ", a.n, ")");
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
-  const GemvPlan plan = gemv_plan(W, a);
-  const int ks = plan.ks;
-  if (plan.path == GemvPath::Scalar) {
+  if (!gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off)) {
     const dim3 grid(blocks_for(W.out, kRowsPerBlock), blocks_for(a.n, kNT));
     switch (f) {
       case kF32: launch(linear_kernel<kF32>, grid, 256, 0, s, r, W.out, a); break;
@@ -2161,7 +2112,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (plan.path == GemvPath::TensorCore) {
+  if (gemv_tc_eligible(W, a)) {
     int wpt = kTcgWarps;
     while (wpt > 1 && wpt > W.in / 128) wpt /= 2;
     // Every warp needs >= 1 K block (its barriers are counted per block step): the kernel relies on wpt <= KB.
@@ -2174,7 +2125,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (plan.path == GemvPath::Ring) {
+  if (gemv_ring_eligible(W, a)) {
     const int G = a.group_rows ? static_cast<int>(W.out / a.group_rows) : 1;
     const unsigned grid = static_cast<unsigned>(G * std::max(1, sm_count() / G));
     const size_t sm = kRingBytes + static_cast<size_t>(W.in) * 4;
@@ -2191,10 +2142,18 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
+  // K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32 chunks a slice.
+  const int64_t nch = W.in / chunk_width(f);
+  const unsigned ty = blocks_for(a.n, kGemvNT);
+  int ks = 1;
+  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
   const int64_t block_rows = (8 / ks) * kGemvR;
-  if (plan.path == GemvPath::Tiles) {
+  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
+  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
+  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
+      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
-    const dim3 grid(static_cast<unsigned>(2 * sm_count()));
+    const dim3 grid(static_cast<unsigned>(persistent_blocks));
     switch (f) {
       case kF32: allow_smem(gemv_xs_tiles_kernel<kF32>, sm), launch(gemv_xs_tiles_kernel<kF32>, grid, 256, sm, s, r, W.out, a); break;
       case kBF16: allow_smem(gemv_xs_tiles_kernel<kBF16>, sm), launch(gemv_xs_tiles_kernel<kBF16>, grid, 256, sm, s, r, W.out, a); break;
@@ -2205,7 +2164,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  if (plan.path == GemvPath::Xs) {
+  if (a.n == 1 && use_xs(W.in) && (a.group_rows == 0 || a.group_rows % block_rows == 0)) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
     const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)));
     switch (f) {
@@ -2218,7 +2177,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  const dim3 grid(blocks_for(W.out, static_cast<int>(block_rows)), blocks_for(a.n, kGemvNT));
+  const dim3 grid(blocks_for(W.out, (8 / ks) * kGemvR), ty);
   switch (f) {
     case kF32: launch(gemv_kernel<kF32>, grid, 256, 0, s, r, W.out, a, ks); break;
     case kBF16: launch(gemv_kernel<kBF16>, grid, 256, 0, s, r, W.out, a, ks); break;
@@ -2499,50 +2458,17 @@ void router(const RouterArgs& a, cudaStream_t s) {
 }
 
 namespace {
-std::atomic<bool> g_router_fuse_on{[] {
-  const char* e = std::getenv("DSV4_ROUTER_FUSE");
-  return !(e && std::string(e) == "0");
-}()};
-size_t gate_router_smem(const DevLinear& W, const RouterArgs& r) {
-  return std::max(static_cast<size_t>(W.in) * 4, static_cast<size_t>(r.E) * 12);  // staged x, then the router's scratch
-}
-}  // namespace
-void set_router_fuse(bool on) { g_router_fuse_on.store(on, std::memory_order_relaxed); }
-namespace {
 bool switch_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
 }
 std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
-std::atomic<bool> g_moe_reduce_fuse_on{switch_on("DSV4_MOE_REDUCE_FUSE")};
 std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 }  // namespace
 void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_store_fuse_enabled() { return g_attend_store_fuse_on.load(std::memory_order_relaxed); }
-void set_moe_reduce_fuse(bool on) { g_moe_reduce_fuse_on.store(on, std::memory_order_relaxed); }
-bool moe_reduce_fuse_enabled() { return g_moe_reduce_fuse_on.load(std::memory_order_relaxed); }
-
-// BF16 gates only: the checkpoints' format (MODEL.md), the one kernel instance compiled and tested.
-bool gate_router_fused(const DevLinear& W, const LinearArgs& a, const RouterArgs& r) {
-  return g_router_fuse_on.load(std::memory_order_relaxed) && a.n == 1 && r.n == 1 && r.k <= 64 && fmt_of(W.fmt) == kBF16 &&
-         a.group_rows == 0 && gemv_plan(W, a).path == GemvPath::Xs && gate_router_smem(W, r) <= smem_optin();
-}
-
-void gate_router(const DevLinear& W, const LinearArgs& a, const RouterArgs& r, unsigned* ticket, cudaStream_t s) {
-  if (r.logits != a.y || r.n != a.n || r.E != W.out) fail("gate_router: the router must read this gate's logits");
-  if (!ticket || !gate_router_fused(W, a, r)) {
-    linear(W, a, s);
-    router(r, s);
-    return;
-  }
-  const int ks = gemv_plan(W, a).ks;
-  const size_t sm = gate_router_smem(W, r);
-  allow_smem(gemv_xs_router_kernel<kBF16>, sm);
-  launch(gemv_xs_router_kernel<kBF16>, blocks_for(W.out, (8 / ks) * kGemvR), 256, sm, s, wrow(W), W.out, a, ks, r, ticket);
-  DSV4_LAUNCHED();
-}
 
 // The vectorised expert kernels need whole 16-byte chunks per row (expert matrices are separate cudaMalloc buffers,
 // so row starts are then 16-byte aligned) and a 16-byte aligned activation (x for gate/up, act_q for down).
@@ -2737,8 +2663,6 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
-  if (a.reduce_out && (!a.reduce_ctr || !expert_ring_eligible(a, false)))
-    fail("expert_down: reduce_out on a path that does not reduce (or without reduce_ctr)");
   const int blk = fp4_block(a.fmt);
   if (expert_tc2_eligible(a, false)) {
     launch_tc2<false>(a, s);

@@ -258,23 +258,11 @@ struct RouterArgs {
   float* wts = nullptr;
 };
 void router(const RouterArgs& a, cudaStream_t s);
-// The router's gate linear (a: plain, y == r.logits) and router(r) as one launch for a decode token: the single-token
-// GEMV's last block routes the logits the other blocks wrote, bit-identical to linear() + router(). ticket: a zeroed
-// device counter owned by the caller, for one launch at a time (launches on one stream may share it; the kernel leaves
-// it zero). Other calls (n > 1, gates the fused kernel does not take) and DSV4_ROUTER_FUSE=0 / set_router_fuse(false)
-// run linear() + router(); gate_router_fused() says which.
-void gate_router(const DevLinear& gate, const LinearArgs& a, const RouterArgs& r, unsigned* ticket, cudaStream_t s);
-bool gate_router_fused(const DevLinear& gate, const LinearArgs& a, const RouterArgs& r);
-void set_router_fuse(bool on);
-// The other decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store
-// inside the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the MoE's
-// final sum inside the down ring launch (DSV4_MOE_REDUCE_FUSE=0 / false: moe_reduce).
+// The decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store inside
+// the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the attention
+// output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's norm_rope launch).
 void set_attend_store_fuse(bool on);
 bool attend_store_fuse_enabled();
-void set_moe_reduce_fuse(bool on);
-bool moe_reduce_fuse_enabled();
-// The attention output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's
-// norm_rope launch).
 void set_attend_derope_fuse(bool on);
 bool attend_derope_fuse_enabled();
 
@@ -321,12 +309,6 @@ struct ExpertArgs {
   // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
   const DevLinear* shared13 = nullptr;
   const DevLinear* shared2 = nullptr;
-  // Decode down on the ring kernel (expert_ring_eligible(a, false); elsewhere it throws): the launch also writes
-  // reduce_out [d], bit for bit moe_reduce(y, shared2 ? y + k * d : null, 1, k, d, official), saving that launch;
-  // y is written as without it. reduce_ctr: [d] zeros owned by the caller, zero again when the launch is done; one
-  // buffer per launch that may run concurrently.
-  float* reduce_out = nullptr;
-  uint32_t* reduce_ctr = nullptr;
 };
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.

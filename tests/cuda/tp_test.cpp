@@ -18,6 +18,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/peer_allreduce.h"
 #include "model/tiny_model.h"
+#include "numeric/quant_sim.h"
 
 namespace dsv4::test {
 namespace tp_tests {
@@ -121,9 +122,67 @@ TEST(PeerAllReduce, MatchesRankOrderSumEagerAndInGraphs) {
   };
   check(4096, 1, false);
   check(28672, 5, false);
+  check(4, 3, false);  // two lines: one block, most of its threads idle
   check(cap, 2, false);
   check(4096, 6, true);
   check(28672, 3, true);
+  // The epilogues (what finish_collective launched after the sum): Round = round_bf16 of the sums in place; SumRows
+  // = moe_reduce of the rows' [official: BF16-rounded] sums into out (buf left as it was). Expected on the host with
+  // the CPU's round_bf16 and the same rank order / double row sum.
+  auto check_ep = [&](cuda::PeerEpilogue::Kind kind, int rows, size_t count, bool official) {
+    std::vector<std::vector<float>> h(static_cast<size_t>(n), std::vector<float>(count));
+    for (auto& v : h)
+      for (auto& x : v) x = nd(g);
+    const size_t cols = count / static_cast<size_t>(rows);
+    std::vector<float*> out(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      DSV4_CU(cudaSetDevice(r));
+      DSV4_CU(cudaMemcpy(buf[static_cast<size_t>(r)], h[static_cast<size_t>(r)].data(), count * 4, cudaMemcpyHostToDevice));
+      DSV4_CU(cudaMalloc(&out[static_cast<size_t>(r)], cols * 4));
+      DSV4_CU(cudaMemset(out[static_cast<size_t>(r)], 0xFF, cols * 4));
+    }
+    for (int r = 0; r < n; ++r) {
+      DSV4_CU(cudaSetDevice(r));
+      cuda::PeerEpilogue ep;
+      ep.kind = kind, ep.out = out[static_cast<size_t>(r)], ep.rows = rows, ep.official = official;
+      cuda::peer_all_reduce(pr.rank(static_cast<size_t>(r)), buf[static_cast<size_t>(r)], count, st[static_cast<size_t>(r)], ep);
+    }
+    std::vector<float> sum(count);
+    for (size_t i = 0; i < count; ++i) {
+      float s = 0.0f;
+      for (int q = 0; q < n; ++q) s += h[static_cast<size_t>(q)][i];
+      sum[i] = s;
+    }
+    if (kind == cuda::PeerEpilogue::Round || official) num::round_bf16(sum.data(), static_cast<int64_t>(count));
+    std::vector<float> want_out(cols);
+    for (size_t j = 0; j < cols; ++j) {
+      double acc = 0.0;
+      for (int r = 0; r < rows; ++r) acc += sum[static_cast<size_t>(r) * cols + j];
+      want_out[j] = static_cast<float>(acc);
+    }
+    if (official) num::round_bf16(want_out.data(), static_cast<int64_t>(cols));
+    const std::string what = std::string(kind == cuda::PeerEpilogue::Round ? "round" : "sum rows") + " count " +
+                             std::to_string(count) + (official ? " official" : " reference");
+    for (int r = 0; r < n; ++r) {
+      DSV4_CU(cudaSetDevice(r));
+      DSV4_CU(cudaStreamSynchronize(st[static_cast<size_t>(r)]));
+      std::vector<float> got(count), got_out(cols);
+      DSV4_CU(cudaMemcpy(got.data(), buf[static_cast<size_t>(r)], count * 4, cudaMemcpyDeviceToHost));
+      DSV4_CU(cudaMemcpy(got_out.data(), out[static_cast<size_t>(r)], cols * 4, cudaMemcpyDeviceToHost));
+      if (kind == cuda::PeerEpilogue::Round) {
+        EXPECT_EQ(0, std::memcmp(got.data(), sum.data(), count * 4)) << "rank " << r << " " << what;
+      } else {
+        EXPECT_EQ(0, std::memcmp(got.data(), h[static_cast<size_t>(r)].data(), count * 4)) << "rank " << r << " " << what << ": buf changed";
+        EXPECT_EQ(0, std::memcmp(got_out.data(), want_out.data(), cols * 4)) << "rank " << r << " " << what;
+      }
+      cudaFree(out[static_cast<size_t>(r)]);
+    }
+  };
+  check_ep(cuda::PeerEpilogue::Round, 1, 4096, true);
+  check_ep(cuda::PeerEpilogue::SumRows, 7, 28672, true);
+  check_ep(cuda::PeerEpilogue::SumRows, 7, 28672, false);
+  check_ep(cuda::PeerEpilogue::SumRows, 3, 12, true);
+  check(4096, 2, false);  // plain again after the epilogues (the epochs stay in step)
   for (int r = 0; r < n; ++r) {
     cudaSetDevice(r);
     cudaFree(buf[static_cast<size_t>(r)]);

@@ -865,7 +865,18 @@ class CudaBackend final : public Backend {
     if (!peer_pending_.buf) return;
     const PeerPending p = peer_pending_;
     peer_pending_ = PeerPending{};
-    cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), p.buf, p.count, s_);
+    // The work finish_collective would launch after the sum runs inside the all-reduce kernel instead (one launch
+    // fewer per collective, same bits): wo_b's BF16 rounding, and for one decode token the MoE's per-slot rounding
+    // and slot sum (ybuf is then k + 1 rows of d).
+    cuda::PeerEpilogue ep;
+    ep.official = official_;
+    if (pending_.kind == Pending::Round && pending_.out == p.buf) {
+      ep.kind = cuda::PeerEpilogue::Round;
+    } else if (pending_.kind == Pending::MoeReduce && pending_.y == p.buf && pending_.n == 1) {
+      ep.kind = cuda::PeerEpilogue::SumRows, ep.out = pending_.out, ep.rows = c_.n_experts_per_tok + 1;
+    }
+    if (ep.kind != cuda::PeerEpilogue::None) pending_ = Pending{};
+    cuda::peer_all_reduce(*static_cast<const cuda::PeerReduceRank*>(opts_.peer_reduce), p.buf, p.count, s_, ep);
   }
   void finish_collective() {
     launch_deferred_collective();  // no-op when the TP backend already did

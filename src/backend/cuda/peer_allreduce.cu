@@ -1,5 +1,8 @@
 #include "backend/cuda/peer_allreduce.h"
 
+#include <algorithm>
+
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
 #include "core/error.h"
 
@@ -7,62 +10,90 @@ namespace dsv4::cuda {
 
 namespace {
 
-__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
 
-// One block. Push: my partial -> every peer's slot [parity][my rank]; each thread fences its own writes at system
-// scope before the barrier, then thread 0 publishes the epoch in every peer's flag for me (release). Wait: one thread
-// per peer polls my flag for that peer (acquire). Sum: the n partials in rank order (mine from buf), the peers' read
-// with ld.cv so that no L1 line of the same slot's previous use (two epochs ago) is reused.
-__global__ void __launch_bounds__(1024) peer_all_reduce_kernel(PeerReduceRank p, float* buf, size_t count) {
-  __shared__ uint32_t ep;
-  if (threadIdx.x == 0) {
-    ep = *p.epoch + 1;
-    *p.epoch = ep;
-  }
+// LL ("low latency") lines: every 16-byte line carries two floats, each next to the all-reduce's epoch ({v0, e, v1, e}),
+// so a receiver knows a line has landed when both of its flags read e: no fence, no separate flag, no barrier.
+// Why: the first version (one block: push, __threadfence_system, barrier, publish a flag, poll it, sum) measured
+// 7.3 us for 16 KB and 13.1 us for 112 KB on the H200 pair: one SM's stores over NVLink and two NVLink round trips
+// in series. Here many blocks each push and then sum their own lines; the only wait is for the peers' lines.
+// Assumes, as NCCL's LL protocol does, that the 8-byte halves of a 16-byte volatile store are never torn.
+__device__ __forceinline__ void st_line(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ uint4 ld_line(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
+// Grid-stride over the lines of one row (count / rows / 2; rows = 1 unless ep sums rows). Epoch: every block reads
+// *p.epoch + 1 at its start; the last block to finish (done counter) stores it back, after every block has read the
+// old value. The next all-reduce is stream-ordered after this grid. Slot [parity][rank] of each receiver: a sender
+// reuses a parity two epochs later, by when every receiver has finished reading it (it started the epoch in between,
+// stream-ordered after this one). Stale lines carry older epochs, never e. The sum is in rank order (this rank's own
+// value from buf): the same bits on every rank. The epilogue (PeerEpilogue) runs on each thread's own columns.
+__global__ void __launch_bounds__(256) peer_all_reduce_kernel(PeerReduceRank p, float* buf, size_t count, PeerEpilogue ep) {
+  __shared__ uint32_t ep_now;
+  if (threadIdx.x == 0) ep_now = *reinterpret_cast<volatile uint32_t*>(p.epoch) + 1;
   __syncthreads();
-  const uint32_t e = ep;
-  const size_t par = e & 1u;
-  const size_t n4 = count / 4;
-  const float4* src = reinterpret_cast<const float4*>(buf);
-  for (int q = 0; q < p.n; ++q) {
-    if (q == p.rank) continue;
-    float4* dst = reinterpret_cast<float4*>(p.recv[q] + (par * p.n + p.rank) * p.cap);
-    for (size_t i = threadIdx.x; i < n4; i += blockDim.x) dst[i] = src[i];
-  }
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0)
+  const uint32_t e = ep_now;
+  const int rows = ep.kind == PeerEpilogue::SumRows ? ep.rows : 1;
+  const size_t par = e & 1u, lines = count / 2, row_lines = lines / rows, cap_lines = p.cap / 2;
+  const float2* src = reinterpret_cast<const float2*>(buf);
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = first; i < lines; i += stride) {
+    const float2 v = src[i];
+    const uint4 line = make_uint4(__float_as_uint(v.x), e, __float_as_uint(v.y), e);
     for (int q = 0; q < p.n; ++q)
-      if (q != p.rank) store_release_sys(p.flags[q] + p.rank, e);
-  if (threadIdx.x < static_cast<unsigned>(p.n) && static_cast<int>(threadIdx.x) != p.rank) {
-    const uint32_t* f = p.flags[p.rank] + threadIdx.x;
-    const uint64_t t0 = global_ns();
-    // Flags only grow (epochs are equal on all ranks: every rank runs the same all-reduces in the same order).
-    while (static_cast<int32_t>(load_acquire_sys(f) - e) < 0)
-      if (global_ns() - t0 > 20ull * 1000 * 1000 * 1000) __trap();  // a peer never came: error, not a hang
+      if (q != p.rank) st_line(reinterpret_cast<uint4*>(p.recv[q]) + (par * p.n + p.rank) * cap_lines + i, line);
+  }
+  const uint4* mine = reinterpret_cast<const uint4*>(p.recv[p.rank]) + par * p.n * cap_lines;
+  const uint64_t t0 = global_ns();
+  auto reduced = [&](size_t i) {  // line i summed over the ranks in rank order
+    const float2 own = src[i];
+    float2 s = make_float2(0.0f, 0.0f);
+    for (int q = 0; q < p.n; ++q) {
+      float2 v = own;
+      if (q != p.rank) {
+        uint4 l = ld_line(mine + q * cap_lines + i);
+        for (int spin = 0; l.y != e || l.w != e; ++spin) {
+          if ((spin & 1023) == 1023 && global_ns() - t0 > 20ull * 1000 * 1000 * 1000) __trap();  // a peer never came
+          l = ld_line(mine + q * cap_lines + i);
+        }
+        v = make_float2(__uint_as_float(l.x), __uint_as_float(l.z));
+      }
+      s.x += v.x, s.y += v.y;
+    }
+    return s;
+  };
+  for (size_t j = first; j < row_lines; j += stride) {
+    if (ep.kind == PeerEpilogue::SumRows) {
+      double a0 = 0.0, a1 = 0.0;  // moe_reduce: the rows in order, in double, after [official] BF16 rounding of each
+      for (int r = 0; r < rows; ++r) {
+        float2 s = reduced(static_cast<size_t>(r) * row_lines + j);
+        if (ep.official) s = make_float2(dev::bf16r(s.x), dev::bf16r(s.y));
+        a0 += s.x, a1 += s.y;
+      }
+      const float o0 = static_cast<float>(a0), o1 = static_cast<float>(a1);
+      reinterpret_cast<float2*>(ep.out)[j] = ep.official ? make_float2(dev::bf16r(o0), dev::bf16r(o1)) : make_float2(o0, o1);
+    } else {
+      float2 s = reduced(j);
+      if (ep.kind == PeerEpilogue::Round) s = make_float2(dev::bf16r(s.x), dev::bf16r(s.y));
+      reinterpret_cast<float2*>(buf)[j] = s;
+    }
   }
   __syncthreads();
-  const float* mine = p.recv[p.rank] + par * p.n * p.cap;
-  float4* out = reinterpret_cast<float4*>(buf);
-  for (size_t i = threadIdx.x; i < n4; i += blockDim.x) {
-    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int q = 0; q < p.n; ++q) {
-      const float4 v = q == p.rank ? src[i] : __ldcv(reinterpret_cast<const float4*>(mine + q * p.cap) + i);
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.done, 1u) == gridDim.x - 1) {
+      *p.epoch = e;
+      *p.done = 0;
     }
-    out[i] = s;
   }
 }
 
@@ -94,17 +125,18 @@ PeerReduce::PeerReduce(const std::vector<int>& devices, size_t cap_floats) : dev
     }
     PeerReduceRank& R = ranks_[static_cast<size_t>(r)];
     R.rank = r, R.n = n, R.cap = cap_floats;
-    DSV4_CU(cudaMalloc(&R.recv[r], 2 * static_cast<size_t>(n) * cap_floats * sizeof(float)));
-    DSV4_CU(cudaMalloc(&R.flags[r], static_cast<size_t>(n) * sizeof(uint32_t)));
-    DSV4_CU(cudaMalloc(&R.epoch, sizeof(uint32_t)));
-    DSV4_CU(cudaMemset(R.flags[r], 0, static_cast<size_t>(n) * sizeof(uint32_t)));
-    DSV4_CU(cudaMemset(R.epoch, 0, sizeof(uint32_t)));
+    // LL lines: 8 bytes per float (the float and the epoch).
+    DSV4_CU(cudaMalloc(&R.recv[r], 2 * static_cast<size_t>(n) * cap_floats * 2 * sizeof(float)));
+    DSV4_CU(cudaMalloc(&R.epoch, 2 * sizeof(uint32_t)));
+    R.done = R.epoch + 1;
+    DSV4_CU(cudaMemset(R.epoch, 0, 2 * sizeof(uint32_t)));
+    // Epoch 0 is never used (the first all-reduce is epoch 1): zeroed lines are never taken for data.
+    DSV4_CU(cudaMemset(R.recv[r], 0, 2 * static_cast<size_t>(n) * cap_floats * 2 * sizeof(float)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   for (int r = 0; r < n; ++r)
     for (int q = 0; q < n; ++q) {
       ranks_[static_cast<size_t>(r)].recv[q] = ranks_[static_cast<size_t>(q)].recv[q];
-      ranks_[static_cast<size_t>(r)].flags[q] = ranks_[static_cast<size_t>(q)].flags[q];
     }
 }
 
@@ -112,16 +144,21 @@ PeerReduce::~PeerReduce() {
   for (size_t r = 0; r < ranks_.size(); ++r) {
     cudaSetDevice(devices_[r]);
     cudaFree(ranks_[r].recv[r]);
-    cudaFree(ranks_[r].flags[r]);
     cudaFree(ranks_[r].epoch);
   }
 }
 
-void peer_all_reduce(const PeerReduceRank& p, float* buf, size_t count, cudaStream_t s) {
+void peer_all_reduce(const PeerReduceRank& p, float* buf, size_t count, cudaStream_t s, const PeerEpilogue& ep) {
   if (count == 0) return;
   if (count > p.cap || count % 4 != 0 || (reinterpret_cast<uintptr_t>(buf) & 15u) != 0)
     fail("peer all-reduce: ", count, " floats do not fit (capacity ", p.cap, ", multiple of 4, 16-byte aligned)");
-  peer_all_reduce_kernel<<<1, 1024, 0, s>>>(p, buf, count);
+  if (ep.kind == PeerEpilogue::SumRows &&
+      (ep.rows < 1 || count % (2 * static_cast<size_t>(ep.rows)) != 0 || !ep.out || (reinterpret_cast<uintptr_t>(ep.out) & 7u) != 0))
+    fail("peer all-reduce: the row sum needs rows >= 1 dividing ", count, " into even rows and an 8-byte aligned output");
+  // One 16-byte line per thread and peer where the grid allows (16 KB: 8 blocks; 112 KB: 56 blocks).
+  const size_t lines = count / 2;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((lines + 255) / 256, 256));
+  peer_all_reduce_kernel<<<blocks, 256, 0, s>>>(p, buf, count, ep);
   DSV4_CU(cudaGetLastError());
 }
 

@@ -345,7 +345,7 @@ int cmd_bench(const std::vector<std::string>& args) {
               which.c_str(), layers, (long long)context, (long long)prompt, tp, format.c_str());
   std::printf("  streaming-read bandwidth     %8.0f GB/s (cuda:0)\n", bw / 1e9);
   if (tp > 1)
-    std::printf("  all-reduce (%s) %lld B / %lld B  %6.1f / %.1f us (back to back; %d of each per step)\n",
+    std::printf("  all-reduce (%s) %lld B / %lld B  %6.1f / %.1f us (graph of back-to-back calls; %d of each per step)\n",
                 dsv4::cuda_allreduce_kind(*be, static_cast<size_t>(cfg.hidden)), (long long)cfg.hidden * 4, (long long)cfg.hidden * 4 * (cfg.n_experts_per_tok + 1), allreduce_us,
                 allreduce_moe_us, collectives / 2);
   std::printf("  decode step, %d layers, no head  %8.1f us  (median of %d graph replays)\n", layers, step_us, steps);

@@ -141,8 +141,9 @@ class TpBackend final : public Backend {
   size_t ranks() const { return ranks_.size(); }
   int device(size_t r) const { return devices_[r]; }
   bool peer_path(size_t floats) const { return peer_ && floats <= kPeerReduceFloats && floats % 4 == 0; }
-  // Back-to-back all-reduces of `floats` values on every rank (own buffers and streams), timed as a whole, through
-  // the path the ranks use for that size.
+  // Back-to-back all-reduces of `floats` values on every rank (own buffers and streams), through the path the ranks
+  // use for that size, captured as one CUDA graph per rank (as in a decode step) and timed over its replays: eager
+  // launches from this one thread would measure the host's launch rate (~9 us per all-reduce on the H200 pair).
   double allreduce_us(size_t floats, int reps) {
     if (aborted_) fail("tensor-parallel backend: unusable after an earlier error aborted its NCCL communicators");
     synchronize();  // the peer kernels' epoch counters and areas are shared with the ranks' own streams
@@ -155,7 +156,7 @@ class TpBackend final : public Backend {
       DSV4_CU(cudaMemset(buf[r], 0, floats * 4));
       DSV4_CU(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
     }
-    auto batch = [&](int count) {
+    auto issue = [&](int count) {
       for (int i = 0; i < count; ++i) {
         if (peer_path(floats)) {
           for (size_t r = 0; r < n; ++r) on(r), cuda::peer_all_reduce(peer_->rank(r), buf[r], floats, st[r]);
@@ -167,16 +168,29 @@ class TpBackend final : public Backend {
           nccl_check(ncclAllReduce(buf[r], buf[r], floats, ncclFloat, ncclSum, comms_[r], st[r]), "ncclAllReduce");
         }
       }
+    };
+    std::vector<cudaGraphExec_t> exec(n, nullptr);
+    for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamBeginCapture(st[r], cudaStreamCaptureModeThreadLocal));
+    issue(reps);
+    for (size_t r = 0; r < n; ++r) {
+      on(r);
+      cudaGraph_t g;
+      DSV4_CU(cudaStreamEndCapture(st[r], &g));
+      DSV4_CU(cudaGraphInstantiate(&exec[r], g, 0));
+      DSV4_CU(cudaGraphDestroy(g));
+    }
+    auto batch = [&](int) {
+      for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaGraphLaunch(exec[r], st[r]));
       for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamSynchronize(st[r]));
     };
-    batch(20);  // warm-up
+    batch(reps);  // warm-up (and the graphs' upload)
     std::vector<double> t;
     for (int k = 0; k < 5; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       batch(reps);
       t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
     }
-    for (size_t r = 0; r < n; ++r) on(r), cudaFree(buf[r]), cudaStreamDestroy(st[r]);
+    for (size_t r = 0; r < n; ++r) on(r), cudaGraphExecDestroy(exec[r]), cudaFree(buf[r]), cudaStreamDestroy(st[r]);
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   }

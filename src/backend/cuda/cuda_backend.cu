@@ -332,6 +332,8 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     DSV4_CU(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&attn_fork_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&attn_join_ev_, cudaEventDisableTiming));
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
@@ -344,6 +346,8 @@ class CudaBackend final : public Backend {
     for (auto& b : iscratch_) cudaFree(b.first);
     if (fork_ev_) cudaEventDestroy(fork_ev_);
     if (join_ev_) cudaEventDestroy(join_ev_);
+    if (attn_fork_ev_) cudaEventDestroy(attn_fork_ev_);
+    if (attn_join_ev_) cudaEventDestroy(attn_join_ev_);
     if (side_) cudaStreamDestroy(side_);
     if (s_) cudaStreamDestroy(s_);
   }
@@ -577,12 +581,23 @@ class CudaBackend final : public Backend {
     cuda::NormRopeArgs k = b;
     k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
     cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
+    // Decode: the compressor and indexer ops the model issues next read only x and qr (ready here) and write their own
+    // state and scratch, so they run on the side stream -- a parallel branch of a captured step -- beside wq_b and
+    // the query RoPE; attend() joins them. Their small, latency-bound kernels (~47 us in series on a CSA layer, one
+    // H200) then hide the ~15 us of this op's remaining kernels. Re-forked per call: a batch's rows (one call each)
+    // move the fork point to the last row's qr.
+    if (n == 1 && L.kind != AttnKind::SWA && cuda::attn_fork_enabled()) {
+      DSV4_CU(cudaEventRecord(attn_fork_ev_, s_));
+      DSV4_CU(cudaStreamWaitEvent(side_, attn_fork_ev_, 0));
+      attn_side_open_ = true;
+    }
     lin(L.wq_b, qr, n, q);
     cuda::norm_rope(b, s_);
   }
 
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                        SequenceState& sst) override {
+    SideScope side(this, attn_side_open_);
     OpScope prof(this, "compressor");
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
@@ -618,6 +633,7 @@ class CudaBackend final : public Backend {
 
   void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
                     int32_t* topk) override {
+    SideScope side(this, attn_side_open_);
     OpScope prof(this, "indexer_topk");
     const DevLayer& L = lay(layer);
     const DevLayerState& S = seq(sst, layer);
@@ -642,6 +658,7 @@ class CudaBackend final : public Backend {
 
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
+    join_attn_side();
     OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
@@ -1154,7 +1171,7 @@ class CudaBackend final : public Backend {
         cuda::linear(W, f, s_);
         return;
       }
-      float* q = scratch(12, static_cast<size_t>(n) * W.in);
+      float* q = scratch(lin_qa8_slot_, static_cast<size_t>(n) * W.in);
       cuda::qa8_rows(x, n, W.in, q, s_);
       xin = q;
     }
@@ -1258,6 +1275,29 @@ class CudaBackend final : public Backend {
   uint64_t weight_bytes_ = 0;
   cudaStream_t side_ = nullptr;  // moe(): the shared expert's branch (decode)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  // attn_qkv() -> attend(): the compressor / indexer branch on side_ (decode).
+  cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_ = nullptr;
+  bool attn_side_open_ = false;
+  int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; another slot on the side stream (the two may run at once)
+  // An op's kernels on side_ (when on): s_ and side_ swapped and lin()'s QA8 slot moved for the op's duration,
+  // restored however it ends.
+  struct SideScope {
+    CudaBackend* b;
+    bool on;
+    SideScope(CudaBackend* be, bool o) : b(be), on(o) {
+      if (on) std::swap(b->s_, b->side_), b->lin_qa8_slot_ = 40;
+    }
+    ~SideScope() {
+      if (on) std::swap(b->s_, b->side_), b->lin_qa8_slot_ = 12;
+    }
+  };
+  void join_attn_side() {
+    if (!attn_side_open_) return;
+    attn_side_open_ = false;
+    DSV4_CU(cudaEventRecord(attn_join_ev_, side_));
+    DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_, 0));
+  }
+
   static bool moe_fuse_shared_enabled() {  // DSV4_MOE_FUSE_SHARED=0: the shared expert's own kernels (A/B)
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FUSE_SHARED");

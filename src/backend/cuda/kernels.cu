@@ -2464,7 +2464,10 @@ bool switch_on(const char* name) {
 }
 std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
 std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
+std::atomic<bool> g_attn_fork_on{switch_on("DSV4_ATTN_FORK")};
 }  // namespace
+void set_attn_fork(bool on) { g_attn_fork_on.store(on, std::memory_order_relaxed); }
+bool attn_fork_enabled() { return g_attn_fork_on.load(std::memory_order_relaxed); }
 void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }

@@ -265,6 +265,10 @@ void set_attend_store_fuse(bool on);
 bool attend_store_fuse_enabled();
 void set_attend_derope_fuse(bool on);
 bool attend_derope_fuse_enabled();
+// Decode: the compressor / indexer ops on a side stream beside attn_qkv's wq_b and query RoPE, joined by attend
+// (DSV4_ATTN_FORK=0 / false: one stream). The same kernels either way: bit-identical results.
+void set_attn_fork(bool on);
+bool attn_fork_enabled();
 
 // Routed experts on the device: table[e] holds expert e's w1/w3/w2 (all in the same format).
 struct DevExpert {

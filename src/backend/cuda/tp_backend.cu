@@ -169,15 +169,17 @@ class TpBackend final : public Backend {
         }
       }
     };
+    // Side by side from this thread, as the decode steps: relaxed mode, and every capture ended before any graph is
+    // instantiated (in thread-local mode the first instantiation fails while the other ranks still capture).
     std::vector<cudaGraphExec_t> exec(n, nullptr);
-    for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamBeginCapture(st[r], cudaStreamCaptureModeThreadLocal));
+    std::vector<cudaGraph_t> graphs(n, nullptr);
+    for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamBeginCapture(st[r], cudaStreamCaptureModeRelaxed));
     issue(reps);
+    for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamEndCapture(st[r], &graphs[r]));
     for (size_t r = 0; r < n; ++r) {
       on(r);
-      cudaGraph_t g;
-      DSV4_CU(cudaStreamEndCapture(st[r], &g));
-      DSV4_CU(cudaGraphInstantiate(&exec[r], g, 0));
-      DSV4_CU(cudaGraphDestroy(g));
+      DSV4_CU(cudaGraphInstantiate(&exec[r], graphs[r], 0));
+      DSV4_CU(cudaGraphDestroy(graphs[r]));
     }
     auto batch = [&](int) {
       for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaGraphLaunch(exec[r], st[r]));

@@ -333,7 +333,11 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&attn_fork_ev_, cudaEventDisableTiming));
-    DSV4_CU(cudaEventCreateWithFlags(&attn_join_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&idx_q_ev_, cudaEventDisableTiming));
+    for (int i = 0; i < 3; ++i) {
+      DSV4_CU(cudaStreamCreateWithFlags(&attn_side_[i], cudaStreamNonBlocking));
+      DSV4_CU(cudaEventCreateWithFlags(&attn_join_ev_[i], cudaEventDisableTiming));
+    }
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
@@ -347,7 +351,11 @@ class CudaBackend final : public Backend {
     if (fork_ev_) cudaEventDestroy(fork_ev_);
     if (join_ev_) cudaEventDestroy(join_ev_);
     if (attn_fork_ev_) cudaEventDestroy(attn_fork_ev_);
-    if (attn_join_ev_) cudaEventDestroy(attn_join_ev_);
+    if (idx_q_ev_) cudaEventDestroy(idx_q_ev_);
+    for (int i = 0; i < 3; ++i) {
+      if (attn_join_ev_[i]) cudaEventDestroy(attn_join_ev_[i]);
+      if (attn_side_[i]) cudaStreamDestroy(attn_side_[i]);
+    }
     if (side_) cudaStreamDestroy(side_);
     if (s_) cudaStreamDestroy(s_);
   }
@@ -445,6 +453,7 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override {
     DSV4_CU(cudaStreamSynchronize(side_));  // moe()'s shared-expert branch (joined into s_ unless an op threw midway)
+    for (cudaStream_t st : attn_side_) DSV4_CU(cudaStreamSynchronize(st));  // likewise the compressor / indexer
     DSV4_CU(cudaStreamSynchronize(s_));
     int e = 0;
     DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
@@ -582,13 +591,14 @@ class CudaBackend final : public Backend {
     k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
     cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
     // Decode: the compressor and indexer ops the model issues next read only x and qr (ready here) and write their own
-    // state and scratch, so they run on the side stream -- a parallel branch of a captured step -- beside wq_b and
-    // the query RoPE; attend() joins them. Their small, latency-bound kernels (~47 us in series on a CSA layer, one
-    // H200) then hide the ~15 us of this op's remaining kernels. Re-forked per call: a batch's rows (one call each)
-    // move the fork point to the last row's qr.
+    // state and scratch, so they run on side streams -- parallel branches of a captured step -- beside wq_b and the
+    // query RoPE; attend() joins them. Three branches (kSideIdx, kSideIdxQ, kSideComp: see SideScope) because the
+    // indexer's compressor, its queries and the main compressor are independent of each other: in series they were
+    // ~47 us of small latency-bound kernels on a CSA layer (one H200), vs ~15 us of this op's remaining kernels.
+    // Re-forked per call: a batch's rows (one call each) move the fork point to the last row's qr.
     if (n == 1 && L.kind != AttnKind::SWA && cuda::attn_fork_enabled()) {
       DSV4_CU(cudaEventRecord(attn_fork_ev_, s_));
-      DSV4_CU(cudaStreamWaitEvent(side_, attn_fork_ev_, 0));
+      for (cudaStream_t st : attn_side_) DSV4_CU(cudaStreamWaitEvent(st, attn_fork_ev_, 0));
       attn_side_open_ = true;
     }
     lin(L.wq_b, qr, n, q);
@@ -597,23 +607,24 @@ class CudaBackend final : public Backend {
 
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                        SequenceState& sst) override {
-    SideScope side(this, attn_side_open_);
+    const bool main = which == CompressorKind::Main;
+    SideScope side(this, attn_side_open_ ? (main ? kSideComp : kSideIdx) : -1);
     OpScope prof(this, "compressor");
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
-    const bool main = which == CompressorKind::Main;
+    const int slot = main ? 1 : 46;  // K / Z scratch: the two compressors may run at once (side streams)
     const DevComp& C = main ? L.comp : L.icomp;
     if (!(main ? L.has_comp : L.has_idx)) fail("layer ", layer, " has no ", main ? "compressor" : "indexer");
     const int m = C.ratio;
     const int64_t W = (C.overlap ? 2 : 1) * C.width;
     float *K, *Z;
     if (n == 1 && C.wkv_wgate.w) {  // one GEMV over the stored pair: [K | Z]
-      K = scratch(1, static_cast<size_t>(2 * W));
+      K = scratch(slot, static_cast<size_t>(2 * W));
       Z = K + W;
       plain(C.wkv_wgate, x, 1, K);
     } else {
-      K = scratch(1, static_cast<size_t>(n * W));
-      Z = scratch(2, static_cast<size_t>(n * W));
+      K = scratch(slot, static_cast<size_t>(n * W));
+      Z = scratch(slot + 1, static_cast<size_t>(n * W));
       plain(C.wkv, x, n, K);
       plain(C.wgate, x, n, Z);
     }
@@ -633,7 +644,8 @@ class CudaBackend final : public Backend {
 
   void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
                     int32_t* topk) override {
-    SideScope side(this, attn_side_open_);
+    const bool fork = attn_side_open_;
+    SideScope side(this, fork ? kSideIdx : -1);  // after the indexer's compressor (the cache it scores)
     OpScope prof(this, "indexer_topk");
     const DevLayer& L = lay(layer);
     const DevLayerState& S = seq(sst, layer);
@@ -644,10 +656,15 @@ class CudaBackend final : public Backend {
       fail("indexer: ", visible_end, " entries should be visible at position ", pos0 + n - 1, " but only ", S.n_idx, " exist");
     float* qI = scratch(3, static_cast<size_t>(n) * Hi * Di);
     float* wI = scratch(4, static_cast<size_t>(n) * Hi);
-    lin(L.idx_wq_b, qr, n, qI);
-    plain(L.idx_wproj, x, n, wI);
-    if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
-    cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_, dpos());
+    {  // the queries and head weights read only qr and x: their own branch, beside the indexer's compressor
+      SideScope qside(this, fork ? kSideIdxQ : -1);
+      lin(L.idx_wq_b, qr, n, qI);
+      plain(L.idx_wproj, x, n, wI);
+      if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
+      cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_, dpos());
+      if (fork) DSV4_CU(cudaEventRecord(idx_q_ev_, s_));
+    }
+    if (fork) DSV4_CU(cudaStreamWaitEvent(s_, idx_q_ev_, 0));
     // Graph mode: a position-independent score row (the whole cache capacity; keys past the visible ones are -inf
     // and never read by the top-k).
     const int64_t ld = dyn_ ? S.cap : std::max<int64_t>(1, visible_end);
@@ -1275,27 +1292,34 @@ class CudaBackend final : public Backend {
   uint64_t weight_bytes_ = 0;
   cudaStream_t side_ = nullptr;  // moe(): the shared expert's branch (decode)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
-  // attn_qkv() -> attend(): the compressor / indexer branch on side_ (decode).
-  cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_ = nullptr;
+  // attn_qkv() -> attend(): the compressor / indexer branches (decode): kSideIdx the indexer's compressor, then its
+  // scores and top-k; kSideIdxQ the indexer's queries (joined into kSideIdx before the scores); kSideComp the main
+  // compressor.
+  static constexpr int kSideIdx = 0, kSideIdxQ = 1, kSideComp = 2;
+  cudaStream_t attn_side_[3] = {};
+  cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr;
   bool attn_side_open_ = false;
-  int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; another slot on the side stream (the two may run at once)
-  // An op's kernels on side_ (when on): s_ and side_ swapped and lin()'s QA8 slot moved for the op's duration,
-  // restored however it ends.
+  int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; one slot per side stream (they may run at once)
+  // An op's kernels on side stream `which` (-1: s_ itself): s_ swapped with it and lin()'s QA8 slot moved for the
+  // scope, restored however it ends. Scopes nest (restored in reverse order).
   struct SideScope {
     CudaBackend* b;
-    bool on;
-    SideScope(CudaBackend* be, bool o) : b(be), on(o) {
-      if (on) std::swap(b->s_, b->side_), b->lin_qa8_slot_ = 40;
+    int which;
+    int slot;
+    SideScope(CudaBackend* be, int w) : b(be), which(w), slot(be->lin_qa8_slot_) {
+      if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = 40 + which;
     }
     ~SideScope() {
-      if (on) std::swap(b->s_, b->side_), b->lin_qa8_slot_ = 12;
+      if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = slot;
     }
   };
   void join_attn_side() {
     if (!attn_side_open_) return;
     attn_side_open_ = false;
-    DSV4_CU(cudaEventRecord(attn_join_ev_, side_));
-    DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_, 0));
+    for (int i = 0; i < 3; ++i) {
+      DSV4_CU(cudaEventRecord(attn_join_ev_[i], attn_side_[i]));
+      DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_[i], 0));
+    }
   }
 
   static bool moe_fuse_shared_enabled() {  // DSV4_MOE_FUSE_SHARED=0: the shared expert's own kernels (A/B)

@@ -363,6 +363,12 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
 // ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
 // grouped: the prefill path (slots grouped by expert on the device, one block per (row tile, expert)).
 void run_experts(int n, bool grouped, int64_t d = 4096) {
+  // The bit-for-bit comparisons below pit the decode ring kernels against the n-token ones: the FMA ring walk
+  // (the MMA walk is the same function in another summation order; Mxfp4DecodeExpertsMma compares them).
+  cu::set_expert_mma(false);
+  struct MmaBack {
+    ~MmaBack() { cu::set_expert_mma(true); }
+  } mma_back;
   std::mt19937 g(11);
   const int E = 8, k = 6;
   const int64_t I = 2048;
@@ -585,6 +591,68 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
 }
 
 TEST(CudaOps, Mxfp4ExpertsAndRouter) { run_experts(2, false); }
+
+// ---- decode MXFP4 experts on FP8 MMAs (expert_mma.cuh) vs the FMA ring walk --------------------------------------
+// One token at V4-Flash shapes (d 4096, I 2048, 6 of 8 experts, the FP8 shared expert fused as in the backend), the
+// activation QA8-quantized while staging. Without the BF16 output rounding (official = false) the two walks compute
+// the same exact products and differ only in summation order and the tensor core's internal accumulation: a fragment
+// or staging-order bug shows as O(1). With official rounding: act / y within a few BF16 ulps, and the shared
+// expert's rows (the unchanged FP8 walk) bit for bit.
+TEST(CudaOps, Mxfp4DecodeExpertsMma) {
+  std::mt19937 g(41);
+  const int E = 8, k = 6;
+  const int64_t d = 4096, I = 2048;
+  vector<cu::DevLinear> d1, d2, d3;
+  vector<cu::DevExpert> table;
+  for (int e = 0; e < E; ++e) {
+    d1.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, I, d, g)->ref));
+    d3.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, I, d, g)->ref));
+    d2.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, d, I, g)->ref));
+    table.push_back(cu::make_dev_expert(d1.back(), d3.back(), d2.back()));
+  }
+  cu::DevLinear S13 = cu::upload_linear(make_linear(WeightFormat::FP8_E8M0, 2 * I, d, g)->ref);
+  cu::DevLinear S2 = cu::upload_linear(make_linear(WeightFormat::FP8_E8M0, d, I, g)->ref);
+  DBuf<cu::DevExpert> dtable(table);
+  DBuf<int32_t> dsel(vector<int32_t>{5, 1, 7, 0, 3, 6});
+  DBuf<float> dwts(vector<float>{0.31f, 0.22f, 0.17f, 0.13f, 0.1f, 0.07f});
+  DBuf<float> dx(randn(static_cast<size_t>(d), g, 0.05f));
+  for (bool official : {false, true}) {
+    cu::ExpertArgs a;
+    a.table = dtable.p, a.fmt = WeightFormat::MXFP4, a.d = d, a.I = I, a.sb1 = d / 32, a.sb2 = I / 32;
+    a.x = dx.p, a.qa8_x = true, a.n = 1, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = 10.0f, a.official = official;
+    a.shared13 = &S13, a.shared2 = &S2;
+    ASSERT_TRUE(cu::expert_ring_shared_ok(a));
+    DBuf<float> act[2] = {DBuf<float>(static_cast<size_t>((k + 1) * I)), DBuf<float>(static_cast<size_t>((k + 1) * I))};
+    DBuf<float> y[2] = {DBuf<float>(static_cast<size_t>((k + 1) * d)), DBuf<float>(static_cast<size_t>((k + 1) * d))};
+    DBuf<float> y_same[2] = {DBuf<float>(static_cast<size_t>((k + 1) * d)), DBuf<float>(static_cast<size_t>((k + 1) * d))};
+    for (int m = 0; m < 2; ++m) {  // m = 0: FMA ring walk, 1: MMA walk
+      cu::set_expert_mma(m == 1);
+      cu::ExpertArgs b = a;
+      b.act = act[m].p;
+      EXPECT_EQ(cu::expert_mma_used(b, true), m == 1);
+      cu::expert_gate_up(b, nullptr);
+      b.act_q = act[m].p, b.qa8_act = true, b.y = y[m].p;
+      EXPECT_EQ(cu::expert_mma_used(b, false), m == 1);
+      cu::expert_down(b, nullptr);
+      b.act_q = act[0].p, b.y = y_same[m].p;  // both walks on the same act (the FMA walk's)
+      cu::expert_down(b, nullptr);
+    }
+    cu::set_expert_mma(true);
+    const auto a0 = act[0].get(), a1 = act[1].get(), y0 = y_same[0].get(), y1 = y_same[1].get();
+    const vector<float> ar0(a0.begin(), a0.begin() + k * I), ar1(a1.begin(), a1.begin() + k * I);
+    const vector<float> yr0(y0.begin(), y0.begin() + k * d), yr1(y1.begin(), y1.begin() + k * d);
+    const Stats sa = cmp(ar1, ar0), sy = cmp(yr1, yr0);
+    std::printf("[op] decode experts MMA vs FMA walk (%s): gate/up act rel L2 %.3g, down y rel L2 %.3g\n",
+                official ? "official, BF16 outputs" : "unrounded", sa.rel, sy.rel);
+    EXPECT_LE(sa.rel, official ? 3e-3 : 1e-3);
+    EXPECT_LE(sy.rel, official ? 3e-3 : 1e-3);
+    for (float v : ar1) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(0, std::memcmp(a1.data() + k * I, a0.data() + k * I, static_cast<size_t>(I) * 4)) << "shared act";
+    EXPECT_EQ(0, std::memcmp(y1.data() + k * d, y0.data() + k * d, static_cast<size_t>(d) * 4)) << "shared y";
+  }
+  cu::free_linear(S13), cu::free_linear(S2);
+  for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
+}
 // A hidden size that is not a multiple of the prefill kernels' 128-row tiles (4160 = 32.5 x 128): the down
 // projection's last row tile is partial (expert_tc2's clamped rows and guarded stores).
 TEST(CudaOps, Mxfp4ExpertsGroupedPartialRowTile) { run_experts(40, true, 4160); }

@@ -188,6 +188,8 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
                                [&] { stage_x<F>(x, W.in, xs, a.qa8_x); });
 }
 
+#include "backend/cuda/expert_mma.cuh"  // the routed MXFP4 walk on FP8 MMAs (mma_walk), used below
+
 // Decode (one token) routed experts through the ring, one pass per matrix kind over all k selected experts.
 // GATE_UP: tile = R / 2 intermediate rows r.. of slot j (w1 r, w3 r, w1 r+1, w3 r+1, ...), SwiGLU epilogue; x staged
 // once. down: tile = R output rows of slot j; all k act rows staged.
@@ -198,8 +200,10 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
 // shared-expert kernels computed on the ring GEMVs (DSV4_GEMV_TC=0; by default those use the tensor-core GEMV, which
 // sums in another order: the fused result is the same function, not the same bits) in one launch fewer each. Which
 // walk goes first (and has its copies issued before griddepcontrol.wait) is explained at the walks below.
+// mma (MXFP4 with the activation QA8-quantized while staging; expert_mma_ok): the routed walk is mma_walk
+// (expert_mma.cuh) instead of ring_walk, in the same ring memory; the shared expert's walk is unchanged.
 template <int F, bool GATE_UP, typename C>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, bool mma) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -273,6 +277,62 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   if (threadIdx.x < k) ex[threadIdx.x] = a.table[__ldcg(a.sel + threadIdx.x)];  // one token: slots 0..k-1
   __syncthreads();
   const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
+  if constexpr (F == kFP4) {
+    if (mma) {
+      static_assert(kMmaWarpBytes <= C::WarpBytes, "the MMA walk's ring must fit the warp's ring memory");
+      // 16-row tiles (gate/up: 8 intermediate rows of w1, then of w3); fewer tiles than warps (Flash: 1,536 for
+      // 2,112 warps), so tiles go to warps block-minor: every SM gets a share.
+      const int64_t per_m = GATE_UP ? a.I / 8 : a.d / 16, nt_m = per_m * k;
+      uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
+      float* xscales = reinterpret_cast<float*>(xcodes + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
+      const int64_t gwm = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
+      auto rows_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
+        const int j = static_cast<int>(t / per_m);
+        const int64_t rt = t - j * per_m;
+        const DevExpert& E = ex[j];
+        if (GATE_UP) {
+          const int64_t row = 8 * rt + (r & 7);
+          w = static_cast<const uint8_t*>(r < 8 ? E.w1 : E.w3) + row * (a.d / 2);
+          sc = static_cast<const uint8_t*>(r < 8 ? E.s1 : E.s3) + row * a.sb1;
+        } else {
+          const int64_t row = 16 * rt + r;
+          w = static_cast<const uint8_t*>(E.w2) + row * (a.I / 2);
+          sc = static_cast<const uint8_t*>(E.s2) + row * a.sb2;
+        }
+      };
+      auto xcode = [&](int64_t t) -> const uint8_t* {
+        return GATE_UP ? xcodes : xcodes + (t / per_m) * a.I;
+      };
+      auto xscale = [&](int64_t t) -> const float* {
+        return GATE_UP ? xscales : xscales + (t / per_m) * (a.I / 128);
+      };
+      auto flush_m = [&](int64_t t, float v0, float v8) {  // lanes with t4 == 0: rows g and g + 8 of the tile
+        const int g = lane >> 2, j = static_cast<int>(t / per_m);
+        const int64_t rt = t - j * per_m;
+        if (GATE_UP) {
+          const int64_t r = 8 * rt + g;
+          const float gv = a.official ? bf16r(v0) : v0, uv = a.official ? bf16r(v8) : v8;
+          a.act[static_cast<int64_t>(j) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[j] : 1.0f, a.official);
+        } else {
+          float* y = a.y + static_cast<int64_t>(j) * a.d + 16 * rt + g;
+          y[0] = a.official ? bf16r(v0) : v0;
+          y[8] = a.official ? bf16r(v8) : v8;
+        }
+      };
+      mma_walk<!GATE_UP>(gwm, nw, nt_m, K, smem + warp * C::WarpBytes, rows_of, xcode, xscale, flush_m, [&] {
+        if (GATE_UP) {
+          stage_x_e4m3(a.x, a.d, xcodes, xscales);
+        } else {
+          for (int j = 0; j < k; ++j)
+            stage_x_e4m3(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xcodes + static_cast<int64_t>(j) * a.I,
+                         xscales + static_cast<int64_t>(j) * (a.I / 128));
+        }
+      });
+      if constexpr (!GATE_UP)
+        if (has_sh) walk_shared(std::false_type{});
+      return;
+    }
+  }
   const int64_t per_slot = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
   auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
     const int j = static_cast<int>(t / per_slot);

@@ -2539,10 +2539,23 @@ static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
   return g_ring_on.load(std::memory_order_relaxed) && a.n == 1 && a.k <= kTilesMaxK && (f == kFP8 || f == kFP4) &&
          ring_format_ok(a.fmt, a.sb1) && ring_format_ok(a.fmt, a.sb2) && ring_fits(x_floats);
 }
+// The routed MXFP4 walk on FP8 MMAs (expert_mma.cuh): the activation quantized while staging (official numerics),
+// 32-column scale blocks, 128-column steps and 4-byte aligned scale rows. DSV4_EXPERT_MMA=0 / set_expert_mma(false):
+// the FMA ring walk.
+std::atomic<bool> g_expert_mma_on{[] {
+  const char* e = std::getenv("DSV4_EXPERT_MMA");
+  return !(e && std::string(e) == "0");
+}()};
+bool expert_mma_ok(const ExpertArgs& a, bool gate_up) {
+  return g_expert_mma_on.load(std::memory_order_relaxed) && a.fmt == WeightFormat::MXFP4 && (gate_up ? a.qa8_x : a.qa8_act) &&
+         a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0;
+}
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;
   return !expert_tc_ok(a, in) && !grouped_ok(a, in) && expert_vector_ok(a, in) && expert_ring_fits(a, ring_x_floats(a, gate_up));
 }
+void set_expert_mma(bool on) { g_expert_mma_on.store(on, std::memory_order_relaxed); }
+bool expert_mma_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) && expert_mma_ok(a, gate_up); }
 // The shared expert fused into both decode ring launches (expert_ring_kernel, has_sh): FP8 pair [2I, d] and w2
 // [d, I] with 16-byte rows, and both launches still fit with its staged row.
 bool expert_ring_shared_ok(const ExpertArgs& a) {
@@ -2616,8 +2629,8 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, false); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_ok(a, true)); break;
         default: fail("expert_gate_up: no ring kernel for this format");
       }
     };
@@ -2714,8 +2727,8 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, false); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_ok(a, false)); break;
         default: fail("expert_down: no ring kernel for this format");
       }
     };

@@ -58,11 +58,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   const __nv_bfloat162 r = __hmul2_rn(x, y);  // exact here (a power of two times a BF16 value); _rn: never contracted
   return *reinterpret_cast<const uint32_t*>(&r);
 }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
-}
+// ldmatrix_x4: expert_mma.cuh (included before this file through gemv_ring.cuh).
 
 // grid (ceil(rows / (GATE_UP ? 64 : 128)), E). Dynamic shared memory: the stages, the byte->BF16 table (1 KB) and the
 // tile rows' E8M0 scales for the whole K (kTc2Rows * K / 32 bytes).

@@ -314,6 +314,11 @@ struct ExpertArgs {
   const DevLinear* shared13 = nullptr;
   const DevLinear* shared2 = nullptr;
 };
+// Decode MXFP4 experts with the activation QA8-quantized while staging (official numerics): the routed weights on
+// FP8 tensor-core MMAs (expert_mma.cuh) instead of the FMA ring walk (DSV4_EXPERT_MMA=0 / false). The same function
+// up to summation order. expert_mma_used: whether expert_gate_up / expert_down (gate_up = false) take it for a.
+void set_expert_mma(bool on);
+bool expert_mma_used(const ExpertArgs& a, bool gate_up);
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);

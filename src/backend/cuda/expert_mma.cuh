@@ -1,0 +1,152 @@
+// Decode (one token) routed MXFP4 experts on FP8 tensor-core MMAs: the routed walk of expert_ring_kernel when the
+// activation is QA8-quantized while staging (official numerics). The shared expert's FP8 walk is unchanged.
+//
+// Why: the ring walk (ring_walk + chunk_dot_s) decodes every E2M1 weight to fp32 and multiplies it on the FMA pipe:
+// ~135 instructions per 16-byte chunk, and the FP4 probe (tools/gpu/probes/fp4_dequant_probe.cu) measured that decode
+// alone at 14 B/cycle/SM -- the decode experts ran issue-bound at 1.4-2 TB/s (~60 us of a ~190 us layer). Here an
+// E2M1 nibble becomes an E4M3 byte with two shifts and two masks per 4 weights (the 3 magnitude bits land on E4M3's
+// low exponent bits and top mantissa bit, so E4M3's own subnormals line up with E2M1's: value x 2^-6), and one
+// mma.sync m16n8k32 (E4M3 x E4M3, fp32 accumulation) takes 16 rows x 32 columns: ~25 instructions per 512 weights
+// and lane instead of ~270.
+//
+// Exactness: E2M1 x 2^-6 and the QA8 codes are exact in E4M3, so every product is exact; each MMA covers exactly one
+// 32-column block of one row (one E8M0 weight scale) inside one 128-column QA8 block (one activation scale), and its
+// sum is scaled by 2^6 x the two power-of-two scales into an fp32 accumulator per row. That is the ring kernels'
+// function up to the summation order and the tensor core's internal accumulation of the 32 products (the op test
+// bounds the difference); the outputs are BF16-rounded as before.
+//
+// Layout: a tile is 16 weight rows (gate/up: 8 intermediate rows of w1 then the same 8 of w3; down: 16 rows of w2),
+// walked 4 chunks (128 columns) per step through a per-warp ring of cp.async copies (kMmaS steps; each lane copies
+// chunk lane % 4 of rows lane / 4 and lane / 4 + 8, lanes < 16 the 4 scale bytes of row lane). ldmatrix.x4 then hands
+// lane (g, t) word t of rows g and g + 8 of two chunks: MMA A slots k = 4t..4t+3 take the word's even nibbles (weights
+// 8t, 8t+2, 8t+4, 8t+6 of the chunk), k = 4t+16..4t+19 its odd ones, so the activation is staged as E4M3 codes in
+// that order (per 8 columns: the 4 even ones, then the 4 odd ones) and lane t reads its 8 bytes with one load. Only
+// column 0 of B / D is meaningful (one token); every lane loads the same B so no column holds garbage codes.
+// Included INSIDE kernels.cu's anonymous namespace (via gemv_ring.cuh: cp_async*, pdl_wait, bf16r, swiglu1, e8m0_dev).
+#pragma once
+
+constexpr int kMmaS = 8;                       // ring steps per warp (kMmaS - 1 in flight)
+constexpr int kMmaStepW = 16 * 4 * 16;         // weight bytes per step: 16 rows x 4 chunks x 16 B
+constexpr int kMmaStep = kMmaStepW + 16 * 4;   // + 16 rows x 4 E8M0 scale bytes
+constexpr size_t kMmaWarpBytes = static_cast<size_t>(kMmaS) * kMmaStep;
+
+// E2M1 nibbles 0, 2, 4, 6 (lo) and 1, 3, 5, 7 (hi) of w as E4M3 bytes (value x 2^-6).
+__device__ __forceinline__ uint32_t e2m1_lo_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+__device__ __forceinline__ uint32_t e2m1_hi_e4m3(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
+
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+}
+// Byte offset of (row r, chunk c) in a step's weights: rows 64 B apart, chunks swizzled by (r / 2) % 4 so that the 8
+// rows one ldmatrix matrix reads (one chunk) fall in 8 different 16-byte bank groups.
+__device__ __forceinline__ int mma_piece(int r, int c) { return 64 * r + 16 * (c ^ ((r >> 1) & 3)); }
+
+// QA8 of x[0, len) (len % 128 == 0) as E4M3 codes in the MMA order (see above) and each 128-block's power-of-two
+// scale: codes[b * 128 + ...], scales[b]; q * scale is exactly stage_x's QA8 value. All threads of the block.
+__device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_t len, uint8_t* codes, float* scales) {
+  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x + b * 128) + lane);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;  // stage_x's arithmetic
+    auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
+    const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+    // Columns 4 lane .. 4 lane + 3 = positions j0..j0+3 of an 8-column group (j0 = 0 or 4): evens go to the group's
+    // first 4 bytes, odds to its last 4.
+    uint8_t* grp = codes + b * 128 + (lane >> 1) * 8;
+    const int h = (lane & 1) * 2;  // even slots h, h + 1 (and odd slots 4 + h, 5 + h)
+    const uint32_t lo = e01 & 0xFFu, hi = e23 & 0xFFu, lo1 = (e01 >> 8) & 0xFFu, hi1 = (e23 >> 8) & 0xFFu;
+    *reinterpret_cast<uint16_t*>(grp + h) = static_cast<uint16_t>(lo | (hi << 8));
+    *reinterpret_cast<uint16_t*>(grp + 4 + h) = static_cast<uint16_t>(lo1 | (hi1 << 8));
+    if (lane == 0) scales[b] = s;
+  }
+}
+
+// The routed walk of one warp: tiles gw, gw + nw, ... of ntiles (16-row tiles, per_slot per slot), K columns each.
+// rows_of(t, r, w, s): weight and scale row pointers of tile row r (0..15); xcode(t) / xscale(t): the tile's staged
+// codes and scales; flush(t, v0, v8): the epilogue with tile rows g and g + 8 (lanes t == 0 hold them: lane g * 4).
+// Like ring_walk: the first kMmaS - 1 steps' copies are issued before stage() (and before pdl_wait() when
+// WAIT_AFTER_PROLOGUE); every thread of the block must call it (barrier).
+template <bool WAIT_AFTER_PROLOGUE, typename RowsOf, typename XCode, typename XScale, typename Flush, typename Stage>
+__device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring, RowsOf rows_of,
+                                         XCode xcode, XScale xscale, Flush flush, Stage stage) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int ks = static_cast<int>(K / 128);
+  const int64_t steps = gw < ntiles ? ((ntiles - gw + nw - 1) / nw) * ks : 0;
+  int64_t lt = gw;
+  int lk = 0, lslot = 0;
+  const uint8_t *lw0 = nullptr, *lw1 = nullptr, *ls = nullptr;
+  auto load_rows = [&]() {
+    const uint8_t* unused;
+    rows_of(lt, g, lw0, unused);
+    rows_of(lt, g + 8, lw1, unused);
+    if (lane < 16) rows_of(lt, lane, unused, ls);
+  };
+  if (steps > 0) load_rows();
+  auto issue = [&]() {
+    uint8_t* slot = ring + lslot * kMmaStep;
+    const int64_t off = static_cast<int64_t>(lk) * 64 + t4 * 16;  // chunk 4 lk + t4
+    cp_async16(slot + mma_piece(g, t4), lw0 + off);
+    cp_async16(slot + mma_piece(g + 8, t4), lw1 + off);
+    if (lane < 16) cp_async4(slot + kMmaStepW + lane * 4, ls + 4 * lk);
+    lslot = lslot + 1 == kMmaS ? 0 : lslot + 1;
+    if (++lk == ks) {
+      lk = 0;
+      lt += nw;
+      if (lt < ntiles) load_rows();
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < kMmaS - 1; ++p) {
+    if (p < steps) issue();
+    cp_async_commit();
+  }
+  if constexpr (WAIT_AFTER_PROLOGUE) pdl_wait();
+  stage();
+  __syncthreads();
+  int64_t ct = gw;
+  int ck = 0, cslot = 0;
+  float acc0 = 0.0f, acc8 = 0.0f;
+  // ldmatrix row addresses: lane i gives row (i % 8) + 8 * ((i / 8) & 1) of chunk (i / 16) (+ 2 for the second x4).
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lch = lane >> 4;
+  for (int64_t st = 0; st < steps; ++st) {
+    __syncwarp();  // every lane has read the slot the next copies overwrite (it was read one step ago)
+    if (st + kMmaS - 1 < steps) issue();
+    cp_async_commit();
+    cp_async_wait<kMmaS - 1>();
+    __syncwarp();  // the other lanes' copies of this step are visible
+    const uint8_t* slot = ring + cslot * kMmaStep;
+    uint32_t w01[4], w23[4];
+    ldmatrix_x4(w01, slot + mma_piece(lrow, lch));      // rows g, g+8 of chunks 0 and 1: {c0 g, c0 g8, c1 g, c1 g8}
+    ldmatrix_x4(w23, slot + mma_piece(lrow, lch + 2));  // ... of chunks 2 and 3
+    const uint32_t sg = *reinterpret_cast<const uint32_t*>(slot + kMmaStepW + g * 4);
+    const uint32_t sg8 = *reinterpret_cast<const uint32_t*>(slot + kMmaStepW + (g + 8) * 4);
+    const uint8_t* xc = xcode(ct) + static_cast<int64_t>(ck) * 128 + t4 * 8;
+    const float xsf = xscale(ct)[ck] * 64.0f;  // with the E2M1 -> E4M3 factor 2^6
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t wg = c < 2 ? w01[2 * c] : w23[2 * c - 4], wg8 = c < 2 ? w01[2 * c + 1] : w23[2 * c - 3];
+      const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * c);
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_e4m3_16832(d, e2m1_lo_e4m3(wg), e2m1_lo_e4m3(wg8), e2m1_hi_e4m3(wg), e2m1_hi_e4m3(wg8), xb.x, xb.y);
+      acc0 = fmaf(d[0], e8m0_dev((sg >> (8 * c)) & 0xFFu) * xsf, acc0);
+      acc8 = fmaf(d[2], e8m0_dev((sg8 >> (8 * c)) & 0xFFu) * xsf, acc8);
+    }
+    cslot = cslot + 1 == kMmaS ? 0 : cslot + 1;
+    if (++ck == ks) {
+      if (t4 == 0) flush(ct, acc0, acc8);
+      acc0 = acc8 = 0.0f;
+      ck = 0;
+      ct += nw;
+    }
+  }
+  cp_async_wait<0>();
+}

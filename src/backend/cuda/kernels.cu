@@ -2464,10 +2464,19 @@ bool switch_on(const char* name) {
 }
 std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
 std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
-std::atomic<bool> g_attn_fork_on{switch_on("DSV4_ATTN_FORK")};
+// -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
+std::atomic<int> g_attn_fork_on{-1};
 }  // namespace
-void set_attn_fork(bool on) { g_attn_fork_on.store(on, std::memory_order_relaxed); }
-bool attn_fork_enabled() { return g_attn_fork_on.load(std::memory_order_relaxed); }
+void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool attn_fork_enabled() {
+  int v = g_attn_fork_on.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = switch_on("DSV4_ATTN_FORK") ? 1 : 0;
+    int expected = -1;
+    if (!g_attn_fork_on.compare_exchange_strong(expected, v, std::memory_order_relaxed)) v = expected;  // a setter won
+  }
+  return v == 1;
+}
 void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }

@@ -10,7 +10,7 @@
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
-# per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y" the 20-layer bench once per switch set to 0;
+# per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0);
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -145,14 +145,16 @@ if [ -n "${TRACE:-}" ]; then
   grep -v '^\[bench\]' "$OUT/trace.log" | grep -v '^{' >> "$SUMMARY"
 fi
 
-# AB="VAR1 VAR2 ...": the 20-layer Flash bench (2K prompt) once per switch with VAR=0, after one with none of them.
+# AB="VAR1 VAR2=V ...": the 20-layer Flash bench (2K prompt) once per entry (VAR alone: VAR=0), after one with none.
 if [ -n "${AB:-}" ]; then
   ab_line() { grep -E "per layer|prefill [0-9]+ tokens" "$1" | tr -s ' ' | tr '\n' ' '; }
   step ab_base 150 "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
   note "- A/B base: $(ab_line "$OUT/ab_base.log")"
   for v in $AB; do
-    step "ab_$v" 150 env "$v=0" "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
-    note "- A/B $v=0: $(ab_line "$OUT/ab_$v.log")"
+    case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
+    name=$(echo "$kv" | tr '=' '_')
+    step "ab_$name" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
+    note "- A/B $kv: $(ab_line "$OUT/ab_$name.log")"
   done
 fi
 

@@ -2555,9 +2555,13 @@ std::atomic<bool> g_expert_mma_on{[] {
   const char* e = std::getenv("DSV4_EXPERT_MMA");
   return !(e && std::string(e) == "0");
 }()};
+// At most one 16-row tile per warp: the regime the GPU runs verified (V4-Flash, TP1 and TP2). A warp walking several
+// tiles (e.g. V4-Pro's gate/up on one GPU) has no GPU-tested op case yet, so those shapes keep the FMA walk.
 bool expert_mma_ok(const ExpertArgs& a, bool gate_up) {
+  const int64_t tiles = static_cast<int64_t>(a.k) * (gate_up ? a.I / 8 : a.d / 16);
   return g_expert_mma_on.load(std::memory_order_relaxed) && a.fmt == WeightFormat::MXFP4 && (gate_up ? a.qa8_x : a.qa8_act) &&
-         a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0;
+         a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0 &&
+         tiles <= static_cast<int64_t>(sm_count()) * RingA::W;
 }
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;

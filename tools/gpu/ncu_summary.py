@@ -61,6 +61,16 @@ def main() -> int:
               f"{a['bytes'] / a['n'] / 1e6:8.2f} {gbs:6.0f} {g('launch__grid_size'):>6} {g('launch__block_size'):>4} "
               f"{g('launch__registers_per_thread'):>4} {g('sm__warps_active.avg.pct_of_peak_sustained_active'):>5} "
               f"{g('l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum'):>6}  {name[:80]}")
+    # Any other metrics collected (profile_decode.sh EXTRA_METRICS): one line per kernel, first launch's values.
+    base = {TIME, "dram__bytes_read.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+            "sm__warps_active.avg.pct_of_peak_sustained_active", "l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "name"}
+    extra = sorted({k for d in rows for k in d} - base)
+    if extra:
+        print("other metrics (first launch of each kernel):")
+        for name in sorted(order, key=lambda n: -agg[n]["us"]):
+            f = agg[name]["first"]
+            vals = "  ".join(f"{k}={f[k]:.4g}" for k in extra if k in f)
+            print(f"  {name[:60]}: {vals}")
     if len(sys.argv) > 2:
         m = None
         with open(sys.argv[2]) as f:

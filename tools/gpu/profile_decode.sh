@@ -18,6 +18,13 @@ OUT=${OUT:-$ROOT/build-gpu/profile}
 mkdir -p "$OUT"
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 # --clock-control none: keep the boost clocks the bench runs at (ncu locks base clocks by default).
-"$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum --csv \
+# EXTRA_METRICS=m1,m2,...: more ncu metrics, printed per kernel after the table (first launch's values), e.g. what
+# limits a kernel: smsp__issue_active.avg.pct_of_peak_sustained_active (issue slots busy),
+# dram__throughput.avg.pct_of_peak_sustained_elapsed, smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,
+# smsp__warp_issue_stalled_barrier_per_warp_active.pct, smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct
+# (names as `ncu --query-metrics` lists them on the machine; an unknown name makes ncu fail the run).
+METRICS=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum
+[ -n "${EXTRA_METRICS:-}" ] && METRICS=$METRICS,$EXTRA_METRICS
+"$NCU" --profile-from-start off --clock-control none --metrics "$METRICS" --csv \
   --log-file "$OUT/ncu.csv" "$BIN" bench "${ARGS[@]}" --steps 20 --profile-steps 1 > "$OUT/bench.log" 2>&1
 python3 "$ROOT/tools/gpu/ncu_summary.py" "$OUT/ncu.csv" "$OUT/bench.log" | tee "$OUT/summary.txt"

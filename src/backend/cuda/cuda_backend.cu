@@ -334,6 +334,7 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&attn_fork_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&idx_q_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&idx_done_ev_, cudaEventDisableTiming));
     for (int i = 0; i < 3; ++i) {
       DSV4_CU(cudaStreamCreateWithFlags(&attn_side_[i], cudaStreamNonBlocking));
       DSV4_CU(cudaEventCreateWithFlags(&attn_join_ev_[i], cudaEventDisableTiming));
@@ -352,6 +353,7 @@ class CudaBackend final : public Backend {
     if (join_ev_) cudaEventDestroy(join_ev_);
     if (attn_fork_ev_) cudaEventDestroy(attn_fork_ev_);
     if (idx_q_ev_) cudaEventDestroy(idx_q_ev_);
+    if (idx_done_ev_) cudaEventDestroy(idx_done_ev_);
     for (int i = 0; i < 3; ++i) {
       if (attn_join_ev_[i]) cudaEventDestroy(attn_join_ev_[i]);
       if (attn_side_[i]) cudaStreamDestroy(attn_side_[i]);
@@ -455,6 +457,7 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaStreamSynchronize(side_));  // moe()'s shared-expert branch (joined into s_ unless an op threw midway)
     for (cudaStream_t st : attn_side_) DSV4_CU(cudaStreamSynchronize(st));  // likewise the compressor / indexer
     DSV4_CU(cudaStreamSynchronize(s_));
+    attn_side_open_ = idx_scores_pending_ = false;  // every branch has completed: nothing left to join
     int e = 0;
     DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
     if (e) {
@@ -508,6 +511,7 @@ class CudaBackend final : public Backend {
       return;
     }
     capturing_ = false;
+    if (!completed) join_attn_side(true);  // an op threw mid-layer: every forked stream joined before the capture ends
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(s_, &graph);
     if (!completed) {
@@ -559,6 +563,9 @@ class CudaBackend final : public Backend {
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     OpScope prof(this, "attn_qkv");
+    // A fork left open by a sub-layer that threw before its attend: joined first, so that this op's work (and the next
+    // compressor / indexer ops) are ordered after it. A no-op otherwise.
+    join_attn_side();
     stored_rows_.clear(), deroped_.clear();
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
@@ -658,6 +665,9 @@ class CudaBackend final : public Backend {
     float* wI = scratch(4, static_cast<size_t>(n) * Hi);
     {  // the queries and head weights read only qr and x: their own branch, beside the indexer's compressor
       SideScope qside(this, fork ? kSideIdxQ : -1);
+      // A batch's rows (one call each, in one fork window) share qI / wI: this row's queries overwrite them only after
+      // the previous row's scores (on kSideIdx) have read them.
+      if (fork && idx_scores_pending_) DSV4_CU(cudaStreamWaitEvent(s_, idx_done_ev_, 0));
       lin(L.idx_wq_b, qr, n, qI);
       plain(L.idx_wproj, x, n, wI);
       if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
@@ -671,6 +681,10 @@ class CudaBackend final : public Backend {
     float* sc = scratch(13, static_cast<size_t>(n * ld));
     cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_, dpos());
     cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_, dpos());
+    if (fork) {
+      DSV4_CU(cudaEventRecord(idx_done_ev_, s_));
+      idx_scores_pending_ = true;
+    }
   }
 
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
@@ -1223,7 +1237,7 @@ class CudaBackend final : public Backend {
       if (capturing_) fail("CUDA backend: scratch slot ", slot, " grew during decode-graph capture");
       ++scratch_gen_;  // recordings made before this point are stale
       if (b.first) {
-        DSV4_CU(cudaStreamSynchronize(s_));
+        DSV4_CU(cudaDeviceSynchronize());  // its last user may be any of the backend's streams (side streams)
         DSV4_CU(cudaFree(b.first));
       }
       b.first = nullptr;
@@ -1297,8 +1311,9 @@ class CudaBackend final : public Backend {
   // compressor.
   static constexpr int kSideIdx = 0, kSideIdxQ = 1, kSideComp = 2;
   cudaStream_t attn_side_[3] = {};
-  cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr;
+  cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr, idx_done_ev_ = nullptr;
   bool attn_side_open_ = false;
+  bool idx_scores_pending_ = false;  // an indexer_topk of this fork window recorded idx_done_ev_ (batched decode)
   int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; one slot per side stream (they may run at once)
   // An op's kernels on side stream `which` (-1: s_ itself): s_ swapped with it and lin()'s QA8 slot moved for the
   // scope, restored however it ends. Scopes nest (restored in reverse order).
@@ -1313,10 +1328,17 @@ class CudaBackend final : public Backend {
       if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = slot;
     }
   };
-  void join_attn_side() {
+  // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
+  void join_attn_side(bool nothrow = false) {
     if (!attn_side_open_) return;
     attn_side_open_ = false;
+    idx_scores_pending_ = false;
     for (int i = 0; i < 3; ++i) {
+      if (nothrow) {
+        cudaEventRecord(attn_join_ev_[i], attn_side_[i]);
+        cudaStreamWaitEvent(s_, attn_join_ev_[i], 0);
+        continue;
+      }
       DSV4_CU(cudaEventRecord(attn_join_ev_[i], attn_side_[i]));
       DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_[i], 0));
     }

@@ -1334,13 +1334,9 @@ class CudaBackend final : public Backend {
     attn_side_open_ = false;
     idx_scores_pending_ = false;
     for (int i = 0; i < 3; ++i) {
-      if (nothrow) {
-        cudaEventRecord(attn_join_ev_[i], attn_side_[i]);
-        cudaStreamWaitEvent(s_, attn_join_ev_[i], 0);
-        continue;
-      }
-      DSV4_CU(cudaEventRecord(attn_join_ev_[i], attn_side_[i]));
-      DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_[i], 0));
+      cudaError_t e = cudaEventRecord(attn_join_ev_[i], attn_side_[i]);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(s_, attn_join_ev_[i], 0);
+      if (!nothrow) DSV4_CU(e);
     }
   }
 

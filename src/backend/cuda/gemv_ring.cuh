@@ -190,6 +190,16 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
 
 #include "backend/cuda/expert_mma.cuh"  // the routed MXFP4 walk on FP8 MMAs (mma_walk), used below
 
+// The decode experts' epilogues, one place for every walk (routed, shared, MMA): gate/up row r of slot j from its
+// gate and up sums ([official] BF16 each, then SwiGLU with the slot's weight wt), and down row r of slot j.
+__device__ __forceinline__ void expert_store_act(const ExpertArgs& a, int j, int64_t r, float gv, float uv, float wt) {
+  if (a.official) gv = bf16r(gv), uv = bf16r(uv);
+  a.act[static_cast<int64_t>(j) * a.I + r] = swiglu1(gv, uv, a.limit, wt, a.official);
+}
+__device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64_t r, float v) {
+  a.y[static_cast<int64_t>(j) * a.d + r] = a.official ? bf16r(v) : v;
+}
+
 // Decode (one token) routed experts through the ring, one pass per matrix kind over all k selected experts.
 // GATE_UP: tile = R / 2 intermediate rows r.. of slot j (w1 r, w3 r, w1 r+1, w3 r+1, ...), SwiGLU epilogue; x staged
 // once. down: tile = R output rows of slot j; all k act rows staged.
@@ -246,15 +256,12 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
 #pragma unroll
         for (int jj = 0; jj < kHalf; ++jj) {
           const int64_t r = kHalf * t + jj;
-          if (r >= rows2) continue;
-          float gv = acc[2 * jj], uv = acc[2 * jj + 1];
-          if (a.official) gv = bf16r(gv), uv = bf16r(uv);
-          a.act[static_cast<int64_t>(k) * a.I + r] = swiglu1(gv, uv, a.limit, 1.0f, a.official);
+          if (r < rows2) expert_store_act(a, k, r, acc[2 * jj], acc[2 * jj + 1], 1.0f);
         }
       } else {
 #pragma unroll
         for (int r = 0; r < kRingR; ++r)
-          if (t * kRingR + r < rows2) a.y[static_cast<int64_t>(k) * a.d + t * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
+          if (t * kRingR + r < rows2) expert_store_y(a, k, t * kRingR + r, acc[r]);
       }
     };
     // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
@@ -310,13 +317,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         const int g = lane >> 2, j = static_cast<int>(t / per_m);
         const int64_t rt = t - j * per_m;
         if (GATE_UP) {
-          const int64_t r = 8 * rt + g;
-          const float gv = a.official ? bf16r(v0) : v0, uv = a.official ? bf16r(v8) : v8;
-          a.act[static_cast<int64_t>(j) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[j] : 1.0f, a.official);
+          expert_store_act(a, j, 8 * rt + g, v0, v8, a.wts ? a.wts[j] : 1.0f);
         } else {
-          float* y = a.y + static_cast<int64_t>(j) * a.d + 16 * rt + g;
-          y[0] = a.official ? bf16r(v0) : v0;
-          y[8] = a.official ? bf16r(v8) : v8;
+          expert_store_y(a, j, 16 * rt + g, v0);
+          expert_store_y(a, j, 16 * rt + g + 8, v8);
         }
       };
       mma_walk<!GATE_UP>(gwm, nw, nt_m, K, smem + warp * C::WarpBytes, rows_of, xcode, xscale, flush_m, [&] {
@@ -370,15 +374,12 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
 #pragma unroll
       for (int jj = 0; jj < kHalf; ++jj) {
         const int64_t r = kHalf * rt + jj;
-        if (r >= rows) continue;
-        float gv = acc[2 * jj], uv = acc[2 * jj + 1];
-        if (a.official) gv = bf16r(gv), uv = bf16r(uv);
-        a.act[static_cast<int64_t>(j) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[j] : 1.0f, a.official);
+        if (r < rows) expert_store_act(a, j, r, acc[2 * jj], acc[2 * jj + 1], a.wts ? a.wts[j] : 1.0f);
       }
     } else {
 #pragma unroll
       for (int r = 0; r < kRingR; ++r)
-        if (rt * kRingR + r < rows) a.y[static_cast<int64_t>(j) * a.d + rt * kRingR + r] = a.official ? bf16r(acc[r]) : acc[r];
+        if (rt * kRingR + r < rows) expert_store_y(a, j, rt * kRingR + r, acc[r]);
     }
   };
   ring_walk<F, kRingR, C::S, !GATE_UP>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {

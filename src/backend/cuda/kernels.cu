@@ -2551,10 +2551,7 @@ static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
 // The routed MXFP4 walk on FP8 MMAs (expert_mma.cuh): the activation quantized while staging (official numerics),
 // 32-column scale blocks, 128-column steps and 4-byte aligned scale rows. DSV4_EXPERT_MMA=0 / set_expert_mma(false):
 // the FMA ring walk.
-std::atomic<bool> g_expert_mma_on{[] {
-  const char* e = std::getenv("DSV4_EXPERT_MMA");
-  return !(e && std::string(e) == "0");
-}()};
+std::atomic<bool> g_expert_mma_on{switch_on("DSV4_EXPERT_MMA")};
 // At most one 16-row tile per warp: the regime the GPU runs verified (V4-Flash, TP1 and TP2). A warp walking several
 // tiles (e.g. V4-Pro's gate/up on one GPU) has no GPU-tested op case yet, so those shapes keep the FMA walk.
 bool expert_mma_ok(const ExpertArgs& a, bool gate_up) {

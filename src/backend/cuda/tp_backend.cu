@@ -181,15 +181,15 @@ class TpBackend final : public Backend {
       DSV4_CU(cudaGraphInstantiate(&exec[r], graphs[r], 0));
       DSV4_CU(cudaGraphDestroy(graphs[r]));
     }
-    auto batch = [&](int) {
+    auto replay = [&]() {
       for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaGraphLaunch(exec[r], st[r]));
       for (size_t r = 0; r < n; ++r) on(r), DSV4_CU(cudaStreamSynchronize(st[r]));
     };
-    batch(reps);  // warm-up (and the graphs' upload)
+    replay();  // warm-up (and the graphs' upload)
     std::vector<double> t;
     for (int k = 0; k < 5; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      batch(reps);
+      replay();
       t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
     }
     for (size_t r = 0; r < n; ++r) on(r), cudaGraphExecDestroy(exec[r]), cudaFree(buf[r]), cudaStreamDestroy(st[r]);

@@ -24,6 +24,7 @@ int cmd_make_tiny(const std::vector<std::string>& args) {
   app.add_option("--layers", sp.layers, "main layers")->check(CLI::Range(2, 64));
   app.add_option("--seed", sp.seed, "random seed");
   app.add_flag("--tp-ready", sp.tp_ready, "widths that split on whole tiles for --tp up to 8 (TP tests)");
+  app.add_option("--hidden", sp.hidden, "hidden size, a multiple of 64 (default 64)");
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
   dsv4::write_tiny_model(dir, sp);
   // The real V4 tokenizer, when the vocabulary matches it (129280 ids incl. added tokens).

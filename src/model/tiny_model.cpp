@@ -51,7 +51,8 @@ void write_tiny_model(const std::string& dir, const TinySpec& sp) {
 
   // Dims: small but with every structural feature (several heads/groups, rope on the last dims, >1 hash layer).
   const bool tp = sp.tp_ready;
-  const int64_t d = 64, H = tp ? 8 : 4, D = 128, R = 64, ql = tp ? 128 : 64, G = tp ? 8 : 2, ro = tp ? 128 : 32, E = 8, K = 2,
+  if (sp.hidden < 64 || sp.hidden % 64 != 0) fail("make-tiny: --hidden must be a positive multiple of 64 (got ", sp.hidden, ")");
+  const int64_t d = sp.hidden, H = tp ? 8 : 4, D = 128, R = 64, ql = tp ? 128 : 64, G = tp ? 8 : 2, ro = tp ? 128 : 32, E = 8, K = 2,
                 I = tp ? 1024 : 64, Hi = 4, Di = 128;
   const int L = sp.layers, hc = 4, mix = (2 + hc) * hc, window = 16, topk = 4, hash_layers = 2;
   std::vector<int> ratios;

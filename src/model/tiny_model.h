@@ -18,6 +18,9 @@ struct TinySpec {
   // o_groups, o_lora_rank 128, expert width 1024; q_lora_rank 128 so that FP8 wq_a|wkv stack on whole tiles), for
   // TP-vs-TP1 tests and the CUDA backend's stacked-GEMV paths; the default dims are smaller and do not split.
   bool tp_ready = false;
+  // Hidden size (a multiple of 64). 128 with tp_ready gives routed experts whose widths are whole 128-column steps
+  // (d 128, I 1024): the shapes the CUDA backend's MMA decode experts take (the default 64 does not).
+  int64_t hidden = 64;
 };
 
 void write_tiny_model(const std::string& dir, const TinySpec& spec);

@@ -15,6 +15,7 @@
 #include "../model/fixture_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops.h"
 #include "core/error.h"
 #include "model/tiny_model.h"
 #include "noise_floor.h"
@@ -110,6 +111,47 @@ TEST(CudaTiny, StackedLinearPairsMatchCpu) {
     write_tiny_model(dir, sp);
     check_model_dir(std::string("tp-ready ") + format, dir, tiny_ids(), {Numerics::Reference});
   }
+}
+
+// The MMA decode experts (expert_mma.cuh) inside the whole model: a tiny checkpoint whose routed experts have whole
+// 128-column steps (hidden 128, expert width 1024; the fixtures' 64 / 32 never take that path), official numerics,
+// decoded one token at a time (chunk 1: the ring expert launches), with the MMA walk on vs off and vs the CPU.
+// Whether the walk ran is counted (expert_mma_launches), not inferred from different logits: here the two walks gave
+// bit-identical logits (GPU run, session 8: MMA vs FMA rel L2 0; the products are exact in both and small partial
+// sums rarely round, and what differs rarely survives the BF16 output rounding). The bounds vs the CPU are the official limits of the tiny chaotic models (one
+// changed BF16 rounding anywhere moves their logits by ~5e-2; the FMA walk measured rel L2 0.095, top-1 134/150).
+TEST(CudaTiny, MmaDecodeExpertsMatchCpu) {
+  const std::string dir = std::string(DSV4_BINARY_DIR) + "/cuda_tiny_mma";
+  TinySpec sp;
+  sp.seed = 13;
+  sp.vocab = 512;
+  sp.tp_ready = true;
+  sp.hidden = 128;
+  write_tiny_model(dir, sp);
+  const auto ids = tiny_ids();
+  Model cpu(dir, make_cpu_backend(), Numerics::Official);
+  const size_t V = static_cast<size_t>(cpu.config().vocab_size);
+  const auto ref = run_logits(cpu, ids, 0);
+  std::vector<float> got[2];
+  int64_t launches[2];
+  for (int on = 0; on < 2; ++on) {
+    cuda::set_expert_mma(on == 1);
+    const int64_t before = cuda::expert_mma_launches();
+    Model gpu(dir, make_cuda_backend(), Numerics::Official);
+    got[on] = run_logits(gpu, ids, 1);
+    launches[on] = cuda::expert_mma_launches() - before;
+  }
+  cuda::set_expert_mma(true);
+  const Cmp c_on = compare(got[1], ref, V), c_off = compare(got[0], ref, V), c_ab = compare(got[1], got[0], V);
+  std::printf("[cuda-vs-cpu] tiny-mma        official  chunk=1     MMA walk (%lld launches) rel L2 %.3g top-1 %zu/%zu; FMA walk "
+              "rel L2 %.3g top-1 %zu/%zu; MMA vs FMA rel L2 %.3g\n", static_cast<long long>(launches[1]), c_on.rel, c_on.agree,
+              c_on.T, c_off.rel, c_off.agree, c_off.T, c_ab.rel);
+  EXPECT_GT(launches[1], 0) << "the MMA walk did not engage";
+  EXPECT_EQ(launches[0], 0) << "the MMA walk ran while switched off";
+  for (float v : got[1]) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LE(c_on.rel, 0.15);
+  EXPECT_GE(static_cast<double>(c_on.agree), 0.85 * static_cast<double>(c_on.T));
+  EXPECT_LE(c_ab.rel, 0.1);
 }
 
 }  // namespace

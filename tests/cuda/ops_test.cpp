@@ -593,15 +593,27 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
 TEST(CudaOps, Mxfp4ExpertsAndRouter) { run_experts(2, false); }
 
 // ---- decode MXFP4 experts on FP8 MMAs (expert_mma.cuh) vs the FMA ring walk --------------------------------------
-// One token at V4-Flash shapes (d 4096, I 2048, 6 of 8 experts, the FP8 shared expert fused as in the backend), the
-// activation QA8-quantized while staging. Without the BF16 output rounding (official = false) the two walks compute
-// the same exact products and differ only in summation order and the tensor core's internal accumulation: a fragment
-// or staging-order bug shows as O(1). With official rounding: act / y within a few BF16 ulps, and the shared
-// expert's rows (the unchanged FP8 walk) bit for bit.
+// One token, 6 of 8 experts, the FP8 shared expert fused as in the backend, the activation QA8-quantized while staging.
+// Without the BF16 output rounding (official = false) the two walks compute the same exact products and differ only
+// in summation order and the tensor core's internal accumulation: a fragment, staging-order or scale-index bug shows
+// as O(1). With official rounding: within a few BF16 ulps. The shared expert's rows: bit for bit on its FMA walk,
+// within the same bounds on the MMAs (DSV4_SHARED_MMA). So that a wrong per-block scale index cannot hide, every
+// 128-column block of x and of the down input has its own power-of-two magnitude and the SwiGLU limit is out of reach
+// (random data at one magnitude gives every QA8 block the same scale). Shapes: V4-Flash (fewer 16-row tiles than
+// warps: one tile per warp) and V4-Pro's gate/up (d 7168, I 3072: more tiles than warps, so warps walk several; its
+// down does not fit the ring and takes another kernel in both runs).
+void run_decode_experts_mma(int64_t d, int64_t I, bool shared);
 TEST(CudaOps, Mxfp4DecodeExpertsMma) {
+  for (bool shared : {false, true}) {
+    run_decode_experts_mma(4096, 2048, shared);
+    run_decode_experts_mma(7168, 3072, shared);
+  }
+  cu::set_shared_expert_mma(true);  // the default
+}
+void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
+  cu::set_shared_expert_mma(shared);
   std::mt19937 g(41);
   const int E = 8, k = 6;
-  const int64_t d = 4096, I = 2048;
   vector<cu::DevLinear> d1, d2, d3;
   vector<cu::DevExpert> table;
   for (int e = 0; e < E; ++e) {
@@ -615,44 +627,64 @@ TEST(CudaOps, Mxfp4DecodeExpertsMma) {
   DBuf<cu::DevExpert> dtable(table);
   DBuf<int32_t> dsel(vector<int32_t>{5, 1, 7, 0, 3, 6});
   DBuf<float> dwts(vector<float>{0.31f, 0.22f, 0.17f, 0.13f, 0.1f, 0.07f});
-  DBuf<float> dx(randn(static_cast<size_t>(d), g, 0.05f));
+  auto block_scaled = [&](size_t n, int64_t row, float sd) {  // block b of row r: x 2^((3 b + r) % 7 - 3)
+    vector<float> v = randn(n, g, sd);
+    for (size_t i = 0; i < n; ++i) v[i] = std::ldexp(v[i], static_cast<int>((3 * ((i % row) / 128) + i / row) % 7) - 3);
+    return v;
+  };
+  DBuf<float> dx(block_scaled(static_cast<size_t>(d), d, 0.05f));
+  DBuf<float> dact_in(block_scaled(static_cast<size_t>((k + 1) * I), I, 0.5f));  // the down walks' common input
+  const int want_mode = shared ? 2 : 1;
+  const std::string what = "d=" + std::to_string(d) + " I=" + std::to_string(I) + ", shared " + (shared ? "MMA" : "FMA");
   for (bool official : {false, true}) {
+    SCOPED_TRACE(what + (official ? " official" : " unrounded"));
     cu::ExpertArgs a;
     a.table = dtable.p, a.fmt = WeightFormat::MXFP4, a.d = d, a.I = I, a.sb1 = d / 32, a.sb2 = I / 32;
-    a.x = dx.p, a.qa8_x = true, a.n = 1, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = 10.0f, a.official = official;
+    a.x = dx.p, a.qa8_x = true, a.n = 1, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = 1e4f, a.official = official;
     a.shared13 = &S13, a.shared2 = &S2;
-    ASSERT_TRUE(cu::expert_ring_shared_ok(a));
+    cu::ExpertArgs dn = a;
+    dn.act_q = dact_in.p, dn.qa8_act = true;
+    const bool down_ring = cu::expert_ring_eligible(dn, false);
+    if (!down_ring) a.shared13 = a.shared2 = dn.shared13 = dn.shared2 = nullptr;  // fused only where both launches are rings
+    ASSERT_EQ(cu::expert_ring_shared_ok(a), down_ring);
     DBuf<float> act[2] = {DBuf<float>(static_cast<size_t>((k + 1) * I)), DBuf<float>(static_cast<size_t>((k + 1) * I))};
     DBuf<float> y[2] = {DBuf<float>(static_cast<size_t>((k + 1) * d)), DBuf<float>(static_cast<size_t>((k + 1) * d))};
-    DBuf<float> y_same[2] = {DBuf<float>(static_cast<size_t>((k + 1) * d)), DBuf<float>(static_cast<size_t>((k + 1) * d))};
     for (int m = 0; m < 2; ++m) {  // m = 0: FMA ring walk, 1: MMA walk
       cu::set_expert_mma(m == 1);
       cu::ExpertArgs b = a;
       b.act = act[m].p;
-      EXPECT_EQ(cu::expert_mma_used(b, true), m == 1);
+      ASSERT_EQ(cu::expert_mma_mode_used(b, true), m == 1 ? want_mode : 0) << "the variant under test runs (gate/up)";
       cu::expert_gate_up(b, nullptr);
-      b.act_q = act[m].p, b.qa8_act = true, b.y = y[m].p;
-      EXPECT_EQ(cu::expert_mma_used(b, false), m == 1);
-      cu::expert_down(b, nullptr);
-      b.act_q = act[0].p, b.y = y_same[m].p;  // both walks on the same act (the FMA walk's)
-      cu::expert_down(b, nullptr);
+      cu::ExpertArgs c = dn;
+      c.act = act[m].p, c.y = y[m].p;
+      if (down_ring) {
+        ASSERT_EQ(cu::expert_mma_mode_used(c, false), m == 1 ? want_mode : 0) << "the variant under test runs (down)";
+      }
+      cu::expert_down(c, nullptr);
     }
     cu::set_expert_mma(true);
-    const auto a0 = act[0].get(), a1 = act[1].get(), y0 = y_same[0].get(), y1 = y_same[1].get();
-    const vector<float> ar0(a0.begin(), a0.begin() + k * I), ar1(a1.begin(), a1.begin() + k * I);
-    const vector<float> yr0(y0.begin(), y0.begin() + k * d), yr1(y1.begin(), y1.begin() + k * d);
-    const Stats sa = cmp(ar1, ar0), sy = cmp(yr1, yr0);
-    std::printf("[op] decode experts MMA vs FMA walk (%s): gate/up act rel L2 %.3g, down y rel L2 %.3g\n",
-                official ? "official, BF16 outputs" : "unrounded", sa.rel, sy.rel);
-    EXPECT_LE(sa.rel, official ? 3e-3 : 1e-3);
-    EXPECT_LE(sy.rel, official ? 3e-3 : 1e-3);
-    for (float v : ar1) ASSERT_TRUE(std::isfinite(v));
-    EXPECT_EQ(0, std::memcmp(a1.data() + k * I, a0.data() + k * I, static_cast<size_t>(I) * 4)) << "shared act";
-    EXPECT_EQ(0, std::memcmp(y1.data() + k * d, y0.data() + k * d, static_cast<size_t>(d) * 4)) << "shared y";
+    auto part = [](const vector<float>& v, size_t from, size_t to) { return vector<float>(v.begin() + from, v.begin() + to); };
+    const auto a0 = act[0].get(), a1 = act[1].get(), y0 = y[0].get(), y1 = y[1].get();
+    const size_t kI = static_cast<size_t>(k * I), kd = static_cast<size_t>(k * d);
+    const Stats sa = cmp(part(a1, 0, kI), part(a0, 0, kI)), sy = cmp(part(y1, 0, kd), part(y0, 0, kd));
+    std::printf("[op] decode experts MMA (%s) vs FMA walk (%s): gate/up act rel L2 %.3g, down y rel L2 %.3g%s\n",
+                what.c_str(), official ? "official" : "unrounded", sa.rel, sy.rel, down_ring ? "" : " (down: not a ring launch)");
+    const double tol = official ? 3e-3 : 1e-3;
+    EXPECT_LE(sa.rel, tol);
+    EXPECT_LE(sy.rel, down_ring ? tol : 0.0);
+    for (float v : a1) ASSERT_TRUE(std::isfinite(v));
+    if (down_ring) {
+      const Stats ssa = cmp(part(a1, kI, kI + I), part(a0, kI, kI + I)), ssy = cmp(part(y1, kd, kd + d), part(y0, kd, kd + d));
+      std::printf("[op]   shared expert (FP8, %s walk) vs FMA walk: act rel L2 %.3g, y rel L2 %.3g\n", shared ? "MMA" : "FMA",
+                  ssa.rel, ssy.rel);
+      EXPECT_LE(ssa.rel, shared ? tol : 0.0);
+      EXPECT_LE(ssy.rel, shared ? tol : 0.0);
+    }
   }
   cu::free_linear(S13), cu::free_linear(S2);
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
 }
+
 // A hidden size that is not a multiple of the prefill kernels' 128-row tiles (4160 = 32.5 x 128): the down
 // projection's last row tile is partial (expert_tc2's clamped rows and guarded stores).
 TEST(CudaOps, Mxfp4ExpertsGroupedPartialRowTile) { run_experts(40, true, 4160); }
@@ -752,6 +784,16 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
 }
 
 TEST(CudaOps, AttentionWindowPlusTopk) { run_attention(1, 64, 4093, 3, 4); }
+// Single-token decode (the decode step's attention) vs the CPU: CSA at a long position, HCA at a long context (828
+// rows, ~50 chunks: the merge's 8-chunk batches and its remainder), partial head groups (20 heads), TP2's 32 heads,
+// and a first token (one row).
+TEST(CudaOps, AttentionDecodeOneToken) {
+  run_attention(1, 64, 4093, 1, 4);
+  run_attention(2, 64, 128 * 700 - 1, 1, 128);
+  run_attention(1, 20, 1000, 1, 4);
+  run_attention(1, 32, 8191, 1, 4);
+  run_attention(2, 64, 0, 1, 128);
+}
 // Prefill chunks in official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
 TEST(CudaOps, AttentionPrefillTensorCores) {
   run_attention(1, 64, 4093, 24, 4, true);

@@ -1,5 +1,6 @@
 // Decode (one token) routed MXFP4 experts on FP8 tensor-core MMAs: the routed walk of expert_ring_kernel when the
-// activation is QA8-quantized while staging (official numerics). The shared expert's FP8 walk is unchanged.
+// activation is QA8-quantized while staging (official numerics); by default (DSV4_SHARED_MMA=0: off) the fused shared
+// expert's FP8 walk too (W8 below).
 //
 // Why: the ring walk (ring_walk + chunk_dot_s) decodes every E2M1 weight to fp32 and multiplies it on the FMA pipe:
 // ~135 instructions per 16-byte chunk, and the FP4 probe (tools/gpu/probes/fp4_dequant_probe.cu) measured that decode
@@ -16,8 +17,8 @@
 // bounds the difference); the outputs are BF16-rounded as before.
 //
 // Layout: a tile is 16 weight rows (gate/up: 8 intermediate rows of w1 then the same 8 of w3; down: 16 rows of w2),
-// walked 4 chunks (128 columns) per step through a per-warp ring of cp.async copies (kMmaS steps; each lane copies
-// chunk lane % 4 of rows lane / 4 and lane / 4 + 8, lanes < 16 the 4 scale bytes of row lane). ldmatrix.x4 then hands
+// walked CPS chunks (32 CPS columns) per step through a per-warp ring of cp.async copies (MmaCfg; each lane copies
+// chunks lane % 4 (+ 4) of rows lane / 4 and lane / 4 + 8, lanes < 16 the CPS scale bytes of row lane). ldmatrix.x4 then hands
 // lane (g, t) word t of rows g and g + 8 of two chunks: MMA A slots k = 4t..4t+3 take the word's even nibbles (weights
 // 8t, 8t+2, 8t+4, 8t+6 of the chunk), k = 4t+16..4t+19 its odd ones, so the activation is staged as E4M3 codes in
 // that order (per 8 columns: the 4 even ones, then the 4 odd ones) and lane t reads its 8 bytes with one load. Only
@@ -25,10 +26,24 @@
 // Included INSIDE kernels.cu's anonymous namespace (via gemv_ring.cuh: cp_async*, pdl_wait, bf16r, swiglu1, e8m0_dev).
 #pragma once
 
-constexpr int kMmaS = 8;                       // ring steps per warp (kMmaS - 1 in flight)
-constexpr int kMmaStepW = 16 * 4 * 16;         // weight bytes per step: 16 rows x 4 chunks x 16 B
-constexpr int kMmaStep = kMmaStepW + 16 * 4;   // + 16 rows x 4 E8M0 scale bytes
-constexpr size_t kMmaWarpBytes = static_cast<size_t>(kMmaS) * kMmaStep;
+// CPS: 16-byte chunks per row and step: 4 for the MXFP4 walk (128 columns), 8 for the FP8 walk (W8, 128 columns);
+// the ring keeps the same bytes (8 steps of 1 KB or 4 of 2 KB, plus scales).
+template <int CPS>
+struct MmaCfg {
+  static constexpr int S = CPS == 4 ? 8 : 4;       // ring steps per warp (S - 1 in flight)
+  static constexpr int StepW = 16 * CPS * 16;      // weight bytes per step: 16 rows x CPS chunks x 16 B
+  static constexpr int Step = StepW + 16 * CPS;    // + 16 rows x CPS E8M0 scale bytes
+  static constexpr size_t WarpBytes = static_cast<size_t>(S) * Step;
+  // Byte offset of (row r, chunk c) in a step's weights, chunks swizzled so that the 8 rows one ldmatrix matrix reads
+  // (one chunk) fall in 8 different 16-byte bank groups: rows 64 B apart (CPS 4) or 128 B apart (CPS 8).
+  __device__ static __forceinline__ int piece(int r, int c) {
+    return CPS == 4 ? 64 * r + 16 * (c ^ ((r >> 1) & 3)) : 128 * r + 16 * (c ^ (r & 7));
+  }
+};
+constexpr size_t kMmaWarpBytes = MmaCfg<4>::WarpBytes > MmaCfg<8>::WarpBytes ? MmaCfg<4>::WarpBytes : MmaCfg<8>::WarpBytes;
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+}
 
 // E2M1 nibbles 0, 2, 4, 6 (lo) and 1, 3, 5, 7 (hi) of w as E4M3 bytes (value x 2^-6).
 __device__ __forceinline__ uint32_t e2m1_lo_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
@@ -44,12 +59,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
 }
-// Byte offset of (row r, chunk c) in a step's weights: rows 64 B apart, chunks swizzled by (r / 2) % 4 so that the 8
-// rows one ldmatrix matrix reads (one chunk) fall in 8 different 16-byte bank groups.
-__device__ __forceinline__ int mma_piece(int r, int c) { return 64 * r + 16 * (c ^ ((r >> 1) & 3)); }
-
 // QA8 of x[0, len) (len % 128 == 0) as E4M3 codes in the MMA order (see above) and each 128-block's power-of-two
 // scale: codes[b * 128 + ...], scales[b]; q * scale is exactly stage_x's QA8 value. All threads of the block.
+// NAT (the FP8 walk): the codes in their natural column order instead.
+template <bool NAT = false>
 __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_t len, uint8_t* codes, float* scales) {
   const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
@@ -59,6 +72,11 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
     auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
     const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
     const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+    if constexpr (NAT) {
+      *reinterpret_cast<uint32_t*>(codes + b * 128 + lane * 4) = static_cast<uint32_t>(e01) | (static_cast<uint32_t>(e23) << 16);
+      if (lane == 0) scales[b] = s;
+      continue;
+    }
     // Columns 4 lane .. 4 lane + 3 = positions j0..j0+3 of an 8-column group (j0 = 0 or 4): evens go to the group's
     // first 4 bytes, odds to its last 4.
     uint8_t* grp = codes + b * 128 + (lane >> 1) * 8;
@@ -70,16 +88,30 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
   }
 }
 
-// The routed walk of one warp: tiles gw, gw + nw, ... of ntiles (16-row tiles, per_slot per slot), K columns each.
+// The walk of one warp: tiles gw, gw + nw, ... of ntiles (16-row tiles), K columns each. W8 (the shared expert; DSV4_SHARED_MMA=0: not used):
+// FP8 E4M3 weights with fp32 128x128 block scales (the shared expert): no conversion, ldmatrix words go straight into
+// the MMA (k = 4t.. of chunk 2m, 4t+16.. of chunk 2m+1: the activation codes in natural order, stage_x_e4m3<true>),
+// one weight scale per row and 128-column step (CPS = 8 chunks of 16 columns); rows_of's scale pointer is then the
+// row's fp32 scale row (one float per 128 columns).
 // rows_of(t, r, w, s): weight and scale row pointers of tile row r (0..15); xcode(t) / xscale(t): the tile's staged
 // codes and scales; flush(t, v0, v8): the epilogue with tile rows g and g + 8 (lanes t == 0 hold them: lane g * 4).
-// Like ring_walk: the first kMmaS - 1 steps' copies are issued before stage() (and before pdl_wait() when
+// parts > 1 (W8: the shared expert has 256 16-row tiles for ~2,100 warps): the 4 warps of a group (warps 4 group ..
+// 4 group + 3 of the block, all walking the same tiles) take K part `part` of K / parts columns each, and the part-0
+// warp flushes the parts' sum, added in part order (deterministic) after a named barrier of the group.
+// Like ring_walk: the first S - 1 steps' copies are issued before stage() (and before pdl_wait() when
 // WAIT_AFTER_PROLOGUE); every thread of the block must call it (barrier).
-template <bool WAIT_AFTER_PROLOGUE, typename RowsOf, typename XCode, typename XScale, typename Flush, typename Stage>
-__device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring, RowsOf rows_of,
-                                         XCode xcode, XScale xscale, Flush flush, Stage stage) {
+template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, typename RowsOf, typename XCode, typename XScale, typename Flush,
+          typename Stage>
+__device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring,
+                                         RowsOf rows_of, XCode xcode, XScale xscale, Flush flush, Stage stage,
+                                         int parts = 1, int part = 0, int group = 0) {
+  using M = MmaCfg<CPS>;
+  static_assert(!W8 || CPS == 8, "the FP8 walk takes 128 columns (8 chunks) per step");
+  constexpr int kS = M::S, kCols = CPS * (W8 ? 16 : 32);  // columns per step
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  const int ks = static_cast<int>(K / 128);
+  const int64_t col0 = part * (K / parts);  // this warp's first column
+  const int64_t wb0 = W8 ? col0 : col0 / 2, sb0 = W8 ? 4 * (col0 / 128) : col0 / 32;  // its weight / scale byte offsets
+  const int ks = static_cast<int>(K / parts / kCols);
   const int64_t steps = gw < ntiles ? ((ntiles - gw + nw - 1) / nw) * ks : 0;
   int64_t lt = gw;
   int lk = 0, lslot = 0;
@@ -89,15 +121,24 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
     rows_of(lt, g, lw0, unused);
     rows_of(lt, g + 8, lw1, unused);
     if (lane < 16) rows_of(lt, lane, unused, ls);
+    lw0 += wb0, lw1 += wb0;
+    if (lane < 16) ls += sb0;
   };
   if (steps > 0) load_rows();
   auto issue = [&]() {
-    uint8_t* slot = ring + lslot * kMmaStep;
-    const int64_t off = static_cast<int64_t>(lk) * 64 + t4 * 16;  // chunk 4 lk + t4
-    cp_async16(slot + mma_piece(g, t4), lw0 + off);
-    cp_async16(slot + mma_piece(g + 8, t4), lw1 + off);
-    if (lane < 16) cp_async4(slot + kMmaStepW + lane * 4, ls + 4 * lk);
-    lslot = lslot + 1 == kMmaS ? 0 : lslot + 1;
+    uint8_t* slot = ring + lslot * M::Step;
+#pragma unroll
+    for (int i = 0; i < CPS / 4; ++i) {
+      const int c = t4 + 4 * i;
+      const int64_t off = static_cast<int64_t>(lk) * (16 * CPS) + c * 16;  // chunk CPS lk + c
+      cp_async16(slot + M::piece(g, c), lw0 + off);
+      cp_async16(slot + M::piece(g + 8, c), lw1 + off);
+    }
+    if (lane < 16) {
+      if constexpr (W8 || CPS == 4) cp_async4(slot + M::StepW + lane * 4, ls + 4 * lk);  // W8: the step's fp32 scale
+      else cp_async8(slot + M::StepW + lane * 8, ls + 8 * lk);
+    }
+    lslot = lslot + 1 == kS ? 0 : lslot + 1;
     if (++lk == ks) {
       lk = 0;
       lt += nw;
@@ -105,7 +146,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
     }
   };
 #pragma unroll
-  for (int p = 0; p < kMmaS - 1; ++p) {
+  for (int p = 0; p < kS - 1; ++p) {
     if (p < steps) issue();
     cp_async_commit();
   }
@@ -119,30 +160,60 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lch = lane >> 4;
   for (int64_t st = 0; st < steps; ++st) {
     __syncwarp();  // every lane has read the slot the next copies overwrite (it was read one step ago)
-    if (st + kMmaS - 1 < steps) issue();
+    if (st + kS - 1 < steps) issue();
     cp_async_commit();
-    cp_async_wait<kMmaS - 1>();
+    cp_async_wait<kS - 1>();
     __syncwarp();  // the other lanes' copies of this step are visible
-    const uint8_t* slot = ring + cslot * kMmaStep;
-    uint32_t w01[4], w23[4];
-    ldmatrix_x4(w01, slot + mma_piece(lrow, lch));      // rows g, g+8 of chunks 0 and 1: {c0 g, c0 g8, c1 g, c1 g8}
-    ldmatrix_x4(w23, slot + mma_piece(lrow, lch + 2));  // ... of chunks 2 and 3
-    const uint32_t sg = *reinterpret_cast<const uint32_t*>(slot + kMmaStepW + g * 4);
-    const uint32_t sg8 = *reinterpret_cast<const uint32_t*>(slot + kMmaStepW + (g + 8) * 4);
-    const uint8_t* xc = xcode(ct) + static_cast<int64_t>(ck) * 128 + t4 * 8;
-    const float xsf = xscale(ct)[ck] * 64.0f;  // with the E2M1 -> E4M3 factor 2^6
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint32_t wg = c < 2 ? w01[2 * c] : w23[2 * c - 4], wg8 = c < 2 ? w01[2 * c + 1] : w23[2 * c - 3];
-      const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * c);
+    const uint8_t* slot = ring + cslot * M::Step;
+    if constexpr (W8) {
+      const uint8_t* xc = xcode(ct) + col0 + static_cast<int64_t>(ck) * 128 + t4 * 4;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_e4m3_16832(d, e2m1_lo_e4m3(wg), e2m1_lo_e4m3(wg8), e2m1_hi_e4m3(wg), e2m1_hi_e4m3(wg8), xb.x, xb.y);
-      acc0 = fmaf(d[0], e8m0_dev((sg >> (8 * c)) & 0xFFu) * xsf, acc0);
-      acc8 = fmaf(d[2], e8m0_dev((sg8 >> (8 * c)) & 0xFFu) * xsf, acc8);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {  // MMA p: chunks 2p (k 4t..) and 2p + 1 (k 4t + 16..), 16 columns each
+        uint32_t w[4];
+        ldmatrix_x4(w, slot + M::piece(lrow, lch + 2 * p));
+        mma_e4m3_16832(d, w[0], w[1], w[2], w[3], *reinterpret_cast<const uint32_t*>(xc + 32 * p),
+                       *reinterpret_cast<const uint32_t*>(xc + 32 * p + 16));
+      }
+      const float xsf = xscale(ct)[col0 / 128 + ck];
+      acc0 = fmaf(d[0], *reinterpret_cast<const float*>(slot + M::StepW + g * 4) * xsf, acc0);
+      acc8 = fmaf(d[2], *reinterpret_cast<const float*>(slot + M::StepW + (g + 8) * 4) * xsf, acc8);
+    } else {
+      const uint8_t* xc = xcode(ct) + col0 + static_cast<int64_t>(ck) * (32 * CPS) + t4 * 8;
+      const float* xsc = xscale(ct) + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
+#pragma unroll
+      for (int p = 0; p < CPS / 2; ++p) {  // chunks 2p and 2p + 1
+        uint32_t w[4];
+        ldmatrix_x4(w, slot + M::piece(lrow, lch + 2 * p));  // rows g, g+8 of both chunks: {c g, c g8, c+1 g, c+1 g8}
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * p + h;
+          const uint32_t wg = w[2 * h], wg8 = w[2 * h + 1];
+          const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * c);
+          const uint8_t sgb = slot[M::StepW + g * CPS + c], sg8b = slot[M::StepW + (g + 8) * CPS + c];
+          const float xsf = xsc[c / 4] * 64.0f;  // with the E2M1 -> E4M3 factor 2^6
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_e4m3_16832(d, e2m1_lo_e4m3(wg), e2m1_lo_e4m3(wg8), e2m1_hi_e4m3(wg), e2m1_hi_e4m3(wg8), xb.x, xb.y);
+          acc0 = fmaf(d[0], e8m0_dev(sgb) * xsf, acc0);
+          acc8 = fmaf(d[2], e8m0_dev(sg8b) * xsf, acc8);
+        }
+      }
     }
-    cslot = cslot + 1 == kMmaS ? 0 : cslot + 1;
+    cslot = cslot + 1 == kS ? 0 : cslot + 1;
     if (++ck == ks) {
-      if (t4 == 0) flush(ct, acc0, acc8);
+      if (parts == 1) {
+        if (t4 == 0) flush(ct, acc0, acc8);
+      } else if constexpr (W8) {
+        __shared__ float red[4][4][16];  // [group][part][tile row]
+        if (t4 == 0) red[group][part][g] = acc0, red[group][part][g + 8] = acc8;
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory");  // the group's 4 warps have written
+        if (part == 0 && t4 == 0) {
+          float v0 = 0.0f, v8 = 0.0f;
+          for (int q = 0; q < parts; ++q) v0 += red[group][q][g], v8 += red[group][q][g + 8];
+          flush(ct, v0, v8);
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory");  // ... and read before the next tile's writes
+      }
       acc0 = acc8 = 0.0f;
       ck = 0;
       ct += nw;

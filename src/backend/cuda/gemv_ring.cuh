@@ -210,10 +210,11 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // shared-expert kernels computed on the ring GEMVs (DSV4_GEMV_TC=0; by default those use the tensor-core GEMV, which
 // sums in another order: the fused result is the same function, not the same bits) in one launch fewer each. Which
 // walk goes first (and has its copies issued before griddepcontrol.wait) is explained at the walks below.
-// mma (MXFP4 with the activation QA8-quantized while staging; expert_mma_ok): the routed walk is mma_walk
-// (expert_mma.cuh) instead of ring_walk, in the same ring memory; the shared expert's walk is unchanged.
+// mma != 0 (MXFP4 with the activation QA8-quantized while staging; expert_mma_mode): the routed walk is mma_walk
+// (expert_mma.cuh) instead of ring_walk, in the same ring memory; mma == 2: the shared expert's FP8 walk on the
+// MMAs too (the default where its shapes allow; DSV4_SHARED_MMA=0: off), else unchanged.
 template <int F, bool GATE_UP, typename C>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, bool mma) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -267,6 +268,38 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
     // over every SM instead of the first ~64 blocks' warps.
     const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
+    if (mma == 2) {
+      // expert_mma_mode 2 (default; DSV4_SHARED_MMA=0: the ring walk below): the FP8 MMA walk (mma_walk W8) in
+      // 16-row tiles -- gate/up: 8 rows of w1 and the same 8 of w3 (pair rows I + r), down: 16 rows of w2 -- with
+      // the activation staged as natural-order E4M3 codes.
+      const int64_t per2 = GATE_UP ? a.I / 8 : a.d / 16;
+      uint8_t* xc2 = reinterpret_cast<uint8_t*>(xs2);
+      float* xsc2 = reinterpret_cast<float*>(xc2 + K2);
+      auto rows2_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
+        const int64_t row = GATE_UP ? (r < 8 ? 8 * t + r : a.I + 8 * t + (r - 8)) : 16 * t + r;
+        w = static_cast<const uint8_t*>(sh.w) + row * K2;
+        sc = static_cast<const uint8_t*>(scale_row<kFP8>(sh, row));
+      };
+      auto flush2_m = [&](int64_t t, float v0, float v8) {
+        const int g = lane >> 2;
+        if (GATE_UP) {
+          expert_store_act(a, k, 8 * t + g, v0, v8, 1.0f);
+        } else {
+          expert_store_y(a, k, 16 * t + g, v0);
+          expert_store_y(a, k, 16 * t + g + 8, v8);
+        }
+      };
+      // K split 4 ways inside groups of 4 warps (mma_walk parts): 256 tiles x 4 parts keep ~8 warps per SM busy.
+      static_assert(C::W == 16, "4 groups of 4 warps (named barriers 1..4)");
+      const int64_t gwg = static_cast<int64_t>(warp / 4) * gridDim.x + blockIdx.x, nwg = static_cast<int64_t>(C::W / 4) * gridDim.x;
+      mma_walk<PRE, 8, true>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
+                             [&](int64_t) -> const uint8_t* { return xc2; }, [&](int64_t) -> const float* { return xsc2; },
+                             flush2_m, [&] {
+                               if (GATE_UP) stage_x_e4m3<true>(a.x, a.d, xc2, xsc2);
+                               else stage_x_e4m3<true>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xc2, xsc2);
+                             }, 4, warp % 4, warp / 4);
+      return;
+    }
     ring_walk<kFP8, kRingR, C::S, PRE>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
       if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
       else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
@@ -323,7 +356,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           expert_store_y(a, j, 16 * rt + g + 8, v8);
         }
       };
-      mma_walk<!GATE_UP>(gwm, nw, nt_m, K, smem + warp * C::WarpBytes, rows_of, xcode, xscale, flush_m, [&] {
+      auto stage_m = [&] {
         if (GATE_UP) {
           stage_x_e4m3(a.x, a.d, xcodes, xscales);
         } else {
@@ -331,7 +364,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
             stage_x_e4m3(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xcodes + static_cast<int64_t>(j) * a.I,
                          xscales + static_cast<int64_t>(j) * (a.I / 128));
         }
-      });
+      };
+      uint8_t* ring = smem + warp * C::WarpBytes;
+      mma_walk<!GATE_UP, 4, false>(gwm, nw, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m);
       if constexpr (!GATE_UP)
         if (has_sh) walk_shared(std::false_type{});
       return;

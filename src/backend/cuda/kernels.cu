@@ -1341,6 +1341,32 @@ __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nc
   }
 }
 
+// The global (M, Z) of heads h0 .. h0 + hn - 1 of query i: the sink once, then every chunk's (max, sum) rescaled.
+// Warp w takes heads w, w + nwarps, ..., its lanes the chunks (one thread per head looping over up to ~40 chunks with
+// a double exp each was a serial chain on CSA layers: pv 15.2 -> 12.9 us there in the decode trace); Z = exp(sink - M)
+// + the chunks' terms summed per lane in chunk order, then over lanes (a fixed order; double).
+__device__ __forceinline__ void att_global_mz(const AttendArgs& a, const float* stats, int nchunks, int i, int h0, int hn,
+                                              float* Ms, double* Zs) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  for (int hh = warp; hh < hn; hh += nwarps) {
+    const int h = h0 + hh;
+    const float* st = stats + (static_cast<int64_t>(i) * nchunks) * a.H * 2 + h * 2;
+    float M = a.sink[h];
+    for (int cc = lane; cc < nchunks; cc += 32) M = fmaxf(M, st[static_cast<int64_t>(cc) * a.H * 2]);
+    M = warp_max(M);
+    double z = 0.0;
+    for (int cc = lane; cc < nchunks; cc += 32) {
+      const float m = st[static_cast<int64_t>(cc) * a.H * 2];
+      if (m != -INFINITY) z += static_cast<double>(st[static_cast<int64_t>(cc) * a.H * 2 + 1]) * exp(static_cast<double>(m - M));
+    }
+    z = warp_sum_d(z);
+    if (lane == 0) {
+      Ms[hh] = M;
+      Zs[hh] = exp(static_cast<double>(a.sink[h] - M)) + z;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunks, int cr, const float* stats, float* part) {
   pdl_wait();
   __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
@@ -1355,29 +1381,7 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
   const AttGeom g = att_geom(a, i);
   const int r0 = c * cr, r1 = min(r0 + cr, g.nrows);
   const int D4 = static_cast<int>(a.D / 4);
-  {  // global (M, Z) of each head: the sink once, then every chunk's (max, sum) rescaled. Warp w takes heads w and
-     // w + 8, its lanes the chunks (one thread per head looping over up to ~40 chunks with a double exp each was a
-     // serial chain on CSA layers: pv 15.2 -> 12.9 us there in the decode trace); Z = exp(sink - M) + the chunks'
-     // terms summed per lane in chunk order, then over lanes (a fixed order; double).
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    for (int hh = warp; hh < hn; hh += nwarps) {
-      const int h = h0 + hh;
-      const float* st = stats + (static_cast<int64_t>(i) * nchunks) * a.H * 2 + h * 2;
-      float M = a.sink[h];
-      for (int cc = lane; cc < nchunks; cc += 32) M = fmaxf(M, st[static_cast<int64_t>(cc) * a.H * 2]);
-      M = warp_max(M);
-      double z = 0.0;
-      for (int cc = lane; cc < nchunks; cc += 32) {
-        const float m = st[static_cast<int64_t>(cc) * a.H * 2];
-        if (m != -INFINITY) z += static_cast<double>(st[static_cast<int64_t>(cc) * a.H * 2 + 1]) * exp(static_cast<double>(m - M));
-      }
-      z = warp_sum_d(z);
-      if (lane == 0) {
-        Ms[hh] = M;
-        Zs[hh] = exp(static_cast<double>(a.sink[h] - M)) + z;
-      }
-    }
-  }
+  att_global_mz(a, stats, nchunks, i, h0, hn, Ms, Zs);
   // Thread -> (dim group gi of 4 dims, head half hf of 8 heads).
   const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
   const bool active = hf < 2;
@@ -1438,8 +1442,19 @@ __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, 
   auto merged = [&](int64_t x) {
     const int64_t i = x / (H * D), r = x % (H * D);
     const float* p = part + i * nchunks * H * D + r;
+    const int64_t hd = static_cast<int64_t>(H) * D;
+    // Eight chunks' loads in flight before their sum (a CSA layer has ~40): the loop-carried sum no longer waits on
+    // one load at a time; the additions stay in chunk order, so the result is the same bits.
     float s = 0.0f;
-    for (int c = 0; c < nchunks; ++c) s += p[static_cast<int64_t>(c) * H * D];
+    int c = 0;
+    for (; c + 8 <= nchunks; c += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = p[(c + u) * hd];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) s += v[u];
+    }
+    for (; c < nchunks; ++c) s += p[c * hd];
     return official ? bf16r(s) : s;
   };
   for (int64_t x = first; x < total; x += stride) {
@@ -1937,7 +1952,7 @@ std::atomic<bool> g_ring_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 // Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
-constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 1024;
+constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 2048;  // + mma_walk's part sums (1 KB)
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
 // FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)
 // but has no op test at real shapes yet: it keeps the v3 kernels.
@@ -2552,20 +2567,42 @@ static bool expert_ring_fits(const ExpertArgs& a, int64_t x_floats) {
 // 32-column scale blocks, 128-column steps and 4-byte aligned scale rows. DSV4_EXPERT_MMA=0 / set_expert_mma(false):
 // the FMA ring walk.
 std::atomic<bool> g_expert_mma_on{switch_on("DSV4_EXPERT_MMA")};
-// At most one 16-row tile per warp: the regime the GPU runs verified (V4-Flash, TP1 and TP2). A warp walking several
-// tiles (e.g. V4-Pro's gate/up on one GPU) has no GPU-tested op case yet, so those shapes keep the FMA walk.
+// Any number of 16-row tiles per warp (Mxfp4DecodeExpertsMma: V4-Flash one per warp, V4-Pro gate/up several).
 bool expert_mma_ok(const ExpertArgs& a, bool gate_up) {
-  const int64_t tiles = static_cast<int64_t>(a.k) * (gate_up ? a.I / 8 : a.d / 16);
   return g_expert_mma_on.load(std::memory_order_relaxed) && a.fmt == WeightFormat::MXFP4 && (gate_up ? a.qa8_x : a.qa8_act) &&
-         a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0 &&
-         tiles <= static_cast<int64_t>(sm_count()) * RingA::W;
+         a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0;
+}
+// The kernel's mma argument: 0 the FMA walk, 1 the MMA walk, 2 the MMA walk with the fused shared expert's FP8
+// walk on the MMAs too (default; DSV4_SHARED_MMA=0 keeps it on the FMA ring walk: A/B 195.4 vs 198.5 and 181.9 vs
+// 183.3 us per layer, Flash 20 layers, session 8; its K is split in 4 parts of whole 128-column
+// steps). An earlier A/B of an L2 prefetch hint on the copies and of 8 chunks per row and step measured no gain
+// (183.2 / 185.0 vs 183.3 us per layer, Flash 20 layers, session 8) and was removed.
+std::atomic<int> g_mma_shared{-1};  // -1: read from the environment at the first use
+std::atomic<int64_t> g_mma_launches{0};
+int expert_mma_mode(const ExpertArgs& a, bool gate_up) {
+  if (g_mma_shared.load(std::memory_order_relaxed) < 0) {
+    const char* e = std::getenv("DSV4_SHARED_MMA");
+    g_mma_shared.store(e && std::string(e) == "0" ? 0 : 1, std::memory_order_relaxed);
+  }
+  if (!expert_mma_ok(a, gate_up)) return 0;
+  const bool sh = g_mma_shared.load(std::memory_order_relaxed) == 1 && a.d % 512 == 0 && a.I % 512 == 0;
+  return sh ? 2 : 1;
+}
+// The mode a ring launch gets, counted when it is the MMA walk (tests: whether a whole model took it).
+int expert_mma_launch_mode(const ExpertArgs& a, bool gate_up) {
+  const int m = expert_mma_mode(a, gate_up);
+  if (m) g_mma_launches.fetch_add(1, std::memory_order_relaxed);
+  return m;
 }
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;
   return !expert_tc_ok(a, in) && !grouped_ok(a, in) && expert_vector_ok(a, in) && expert_ring_fits(a, ring_x_floats(a, gate_up));
 }
 void set_expert_mma(bool on) { g_expert_mma_on.store(on, std::memory_order_relaxed); }
+void set_shared_expert_mma(bool on) { g_mma_shared.store(on ? 1 : 0, std::memory_order_relaxed); }
+int64_t expert_mma_launches() { return g_mma_launches.load(std::memory_order_relaxed); }
 bool expert_mma_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) && expert_mma_ok(a, gate_up); }
+int expert_mma_mode_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) ? expert_mma_mode(a, gate_up) : 0; }
 // The shared expert fused into both decode ring launches (expert_ring_kernel, has_sh): FP8 pair [2I, d] and w2
 // [d, I] with 16-byte rows, and both launches still fit with its staged row.
 bool expert_ring_shared_ok(const ExpertArgs& a) {
@@ -2639,8 +2676,8 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, false); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_ok(a, true)); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, 0); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, true)); break;
         default: fail("expert_gate_up: no ring kernel for this format");
       }
     };
@@ -2737,8 +2774,8 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, false); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_ok(a, false)); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, 0); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, false)); break;
         default: fail("expert_down: no ring kernel for this format");
       }
     };

@@ -39,19 +39,28 @@ __device__ __forceinline__ uint4 ld_line(const uint4* p) {
 // value from buf): the same bits on every rank. The epilogue (PeerEpilogue) runs on each thread's own columns.
 __global__ void __launch_bounds__(256) peer_all_reduce_kernel(PeerReduceRank p, float* buf, size_t count, PeerEpilogue ep) {
   __shared__ uint32_t ep_now;
-  if (threadIdx.x == 0) ep_now = *reinterpret_cast<volatile uint32_t*>(p.epoch) + 1;
+  if (threadIdx.x == 0) {
+    // After 2^32 all-reduces (~4 days of TP2 decode) the counter wraps: epoch 0 is skipped, because never-written
+    // (zeroed) lines carry it, and so is 1, so that parities still alternate (0xFFFFFFFF is odd, 2 even).
+    const uint32_t e = *reinterpret_cast<volatile uint32_t*>(p.epoch) + 1;
+    ep_now = e == 0 ? 2 : e;
+  }
   __syncthreads();
   const uint32_t e = ep_now;
   const int rows = ep.kind == PeerEpilogue::SumRows ? ep.rows : 1;
   const size_t par = e & 1u, lines = count / 2, row_lines = lines / rows, cap_lines = p.cap / 2;
   const float2* src = reinterpret_cast<const float2*>(buf);
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = first; i < lines; i += stride) {
-    const float2 v = src[i];
-    const uint4 line = make_uint4(__float_as_uint(v.x), e, __float_as_uint(v.y), e);
-    for (int q = 0; q < p.n; ++q)
-      if (q != p.rank) st_line(reinterpret_cast<uint4*>(p.recv[q]) + (par * p.n + p.rank) * cap_lines + i, line);
-  }
+  // Each thread pushes exactly the lines it reduces below (columns j of every row), so a block waits only on the
+  // peer's block of the same index: no dependence on the whole grid being resident at once.
+  for (size_t j = first; j < row_lines; j += stride)
+    for (int r = 0; r < rows; ++r) {
+      const size_t i = static_cast<size_t>(r) * row_lines + j;
+      const float2 v = src[i];
+      const uint4 line = make_uint4(__float_as_uint(v.x), e, __float_as_uint(v.y), e);
+      for (int q = 0; q < p.n; ++q)
+        if (q != p.rank) st_line(reinterpret_cast<uint4*>(p.recv[q]) + (par * p.n + p.rank) * cap_lines + i, line);
+    }
   const uint4* mine = reinterpret_cast<const uint4*>(p.recv[p.rank]) + par * p.n * cap_lines;
   const uint64_t t0 = global_ns();
   auto reduced = [&](size_t i) {  // line i summed over the ranks in rank order
@@ -155,8 +164,9 @@ void peer_all_reduce(const PeerReduceRank& p, float* buf, size_t count, cudaStre
   if (ep.kind == PeerEpilogue::SumRows &&
       (ep.rows < 1 || count % (2 * static_cast<size_t>(ep.rows)) != 0 || !ep.out || (reinterpret_cast<uintptr_t>(ep.out) & 7u) != 0))
     fail("peer all-reduce: the row sum needs rows >= 1 dividing ", count, " into even rows and an 8-byte aligned output");
-  // One 16-byte line per thread and peer where the grid allows (16 KB: 8 blocks; 112 KB: 56 blocks).
-  const size_t lines = count / 2;
+  // One 16-byte line per thread and peer (and row, for SumRows) where the grid allows (16 KB: 8 blocks; the MoE's
+  // 112 KB as 7 rows: 8 blocks).
+  const size_t lines = count / 2 / (ep.kind == PeerEpilogue::SumRows ? static_cast<size_t>(ep.rows) : 1);  // per thread space
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((lines + 255) / 256, 256));
   peer_all_reduce_kernel<<<blocks, 256, 0, s>>>(p, buf, count, ep);
   DSV4_CU(cudaGetLastError());

@@ -118,8 +118,9 @@ TEST(CudaTiny, StackedLinearPairsMatchCpu) {
 // decoded one token at a time (chunk 1: the ring expert launches), with the MMA walk on vs off and vs the CPU.
 // Whether the walk ran is counted (expert_mma_launches), not inferred from different logits: here the two walks gave
 // bit-identical logits (GPU run, session 8: MMA vs FMA rel L2 0; the products are exact in both and small partial
-// sums rarely round, and what differs rarely survives the BF16 output rounding). The bounds vs the CPU are the official limits of the tiny chaotic models (one
-// changed BF16 rounding anywhere moves their logits by ~5e-2; the FMA walk measured rel L2 0.095, top-1 134/150).
+// sums rarely round, and what differs rarely survives the BF16 output rounding). The bounds vs the CPU are the
+// official limits of the tiny chaotic models (one changed BF16 rounding anywhere moves their logits by ~5e-2; the
+// FMA walk measured rel L2 0.095, top-1 134/150).
 TEST(CudaTiny, MmaDecodeExpertsMatchCpu) {
   const std::string dir = std::string(DSV4_BINARY_DIR) + "/cuda_tiny_mma";
   TinySpec sp;

@@ -600,12 +600,14 @@ TEST(CudaOps, Mxfp4ExpertsAndRouter) { run_experts(2, false); }
 // within the same bounds on the MMAs (DSV4_SHARED_MMA). So that a wrong per-block scale index cannot hide, every
 // 128-column block of x and of the down input has its own power-of-two magnitude and the SwiGLU limit is out of reach
 // (random data at one magnitude gives every QA8 block the same scale). Shapes: V4-Flash (fewer 16-row tiles than
-// warps: one tile per warp) and V4-Pro's gate/up (d 7168, I 3072: more tiles than warps, so warps walk several; its
-// down does not fit the ring and takes another kernel in both runs).
+// warps: one tile per warp), V4-Flash under TP2 (each rank holds half of every expert's width: I 1024, the shared
+// expert's down walk K-split into 4 parts of 2 steps) and V4-Pro's gate/up (d 7168, I 3072: more tiles than warps,
+// so warps walk several; its down does not fit the ring and takes another kernel in both runs).
 void run_decode_experts_mma(int64_t d, int64_t I, bool shared);
 TEST(CudaOps, Mxfp4DecodeExpertsMma) {
   for (bool shared : {false, true}) {
     run_decode_experts_mma(4096, 2048, shared);
+    run_decode_experts_mma(4096, 1024, shared);
     run_decode_experts_mma(7168, 3072, shared);
   }
   cu::set_shared_expert_mma(true);  // the default

@@ -2573,19 +2573,13 @@ bool expert_mma_ok(const ExpertArgs& a, bool gate_up) {
          a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0;
 }
 // The kernel's mma argument: 0 the FMA walk, 1 the MMA walk, 2 the MMA walk with the fused shared expert's FP8
-// walk on the MMAs too (default; DSV4_SHARED_MMA=0 keeps it on the FMA ring walk: A/B 195.4 vs 198.5 and 181.9 vs
-// 183.3 us per layer, Flash 20 layers, session 8; its K is split in 4 parts of whole 128-column
-// steps). An earlier A/B of an L2 prefetch hint on the copies and of 8 chunks per row and step measured no gain
-// (183.2 / 185.0 vs 183.3 us per layer, Flash 20 layers, session 8) and was removed.
-std::atomic<int> g_mma_shared{-1};  // -1: read from the environment at the first use
+// walk on the MMAs too (DSV4_SHARED_MMA=0 / set_shared_expert_mma(false): on the FMA ring walk), whose K is split in
+// 4 parts of whole 128-column steps.
+std::atomic<bool> g_mma_shared_on{switch_on("DSV4_SHARED_MMA")};
 std::atomic<int64_t> g_mma_launches{0};
 int expert_mma_mode(const ExpertArgs& a, bool gate_up) {
-  if (g_mma_shared.load(std::memory_order_relaxed) < 0) {
-    const char* e = std::getenv("DSV4_SHARED_MMA");
-    g_mma_shared.store(e && std::string(e) == "0" ? 0 : 1, std::memory_order_relaxed);
-  }
   if (!expert_mma_ok(a, gate_up)) return 0;
-  const bool sh = g_mma_shared.load(std::memory_order_relaxed) == 1 && a.d % 512 == 0 && a.I % 512 == 0;
+  const bool sh = g_mma_shared_on.load(std::memory_order_relaxed) && a.d % 512 == 0 && a.I % 512 == 0;
   return sh ? 2 : 1;
 }
 // The mode a ring launch gets, counted when it is the MMA walk (tests: whether a whole model took it).
@@ -2599,9 +2593,8 @@ bool expert_ring_eligible(const ExpertArgs& a, bool gate_up) {
   return !expert_tc_ok(a, in) && !grouped_ok(a, in) && expert_vector_ok(a, in) && expert_ring_fits(a, ring_x_floats(a, gate_up));
 }
 void set_expert_mma(bool on) { g_expert_mma_on.store(on, std::memory_order_relaxed); }
-void set_shared_expert_mma(bool on) { g_mma_shared.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_shared_expert_mma(bool on) { g_mma_shared_on.store(on, std::memory_order_relaxed); }
 int64_t expert_mma_launches() { return g_mma_launches.load(std::memory_order_relaxed); }
-bool expert_mma_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) && expert_mma_ok(a, gate_up); }
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) ? expert_mma_mode(a, gate_up) : 0; }
 // The shared expert fused into both decode ring launches (expert_ring_kernel, has_sh): FP8 pair [2I, d] and w2
 // [d, I] with 16-byte rows, and both launches still fit with its staged row.

@@ -316,7 +316,7 @@ struct ExpertArgs {
 };
 // Decode MXFP4 experts with the activation QA8-quantized while staging (official numerics): the routed weights on
 // FP8 tensor-core MMAs (expert_mma.cuh) instead of the FMA ring walk (DSV4_EXPERT_MMA=0 / false). The same function
-// up to summation order. expert_mma_used: whether expert_gate_up / expert_down (gate_up = false) take it for a.
+// up to summation order.
 void set_expert_mma(bool on);
 // The fused shared expert's FP8 walk on the MMAs too (default on); set_shared_expert_mma(false) / DSV4_SHARED_MMA=0:
 // on the FMA ring walk (A/B switch).
@@ -325,7 +325,6 @@ void set_shared_expert_mma(bool on);
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up);
 // Ring launches that took the MMA walk since the process started (captured graph launches count once).
 int64_t expert_mma_launches();
-bool expert_mma_used(const ExpertArgs& a, bool gate_up);
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);

@@ -184,6 +184,14 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         }
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << ": rel L2 " << rel_l2(got, want);
+        cuda::set_attn_lazy_fork(false);  // every branch forked and joined (the fork on)
+        {
+          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+          got = decode_logits(m, ids, 9);
+        }
+        cuda::set_attn_lazy_fork(true);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " eager fork: rel L2 " << rel_l2(got, want);
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.
     for (Numerics nm : {Numerics::Reference, Numerics::Official}) {

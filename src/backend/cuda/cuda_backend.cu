@@ -458,6 +458,7 @@ class CudaBackend final : public Backend {
     for (cudaStream_t st : attn_side_) DSV4_CU(cudaStreamSynchronize(st));  // likewise the compressor / indexer
     DSV4_CU(cudaStreamSynchronize(s_));
     attn_side_open_ = idx_scores_pending_ = false;  // every branch has completed: nothing left to join
+    for (int64_t& g : attn_wait_gen_) g = -1;
     int e = 0;
     DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
     if (e) {
@@ -603,9 +604,19 @@ class CudaBackend final : public Backend {
     // indexer's compressor, its queries and the main compressor are independent of each other: in series they were
     // ~47 us of small latency-bound kernels on a CSA layer (one H200), vs ~15 us of this op's remaining kernels.
     // Re-forked per call: a batch's rows (one call each) move the fork point to the last row's qr.
+    // Lazy (DSV4_ATTN_LAZY_FORK, default): a branch joins the fork when an op first runs on it (SideScope), and
+    // attend() joins only those: an HCA layer uses one of the three (its compressor), and the two empty branches'
+    // edges into attend's first kernel go away (a graph branch point measured ~3 us of lost PDL overlap per fork /
+    // join pair, session 8).
     if (n == 1 && L.kind != AttnKind::SWA && cuda::attn_fork_enabled()) {
       DSV4_CU(cudaEventRecord(attn_fork_ev_, s_));
-      for (cudaStream_t st : attn_side_) DSV4_CU(cudaStreamWaitEvent(st, attn_fork_ev_, 0));
+      ++attn_fork_gen_;  // a batch re-forks per row: a branch's next op waits on this (the newest) fork point
+      if (!cuda::attn_lazy_fork_enabled()) {
+        for (int i = 0; i < 3; ++i) {
+          DSV4_CU(cudaStreamWaitEvent(attn_side_[i], attn_fork_ev_, 0));
+          attn_wait_gen_[i] = attn_fork_gen_;
+        }
+      }
       attn_side_open_ = true;
     }
     lin(L.wq_b, qr, n, q);
@@ -1313,6 +1324,9 @@ class CudaBackend final : public Backend {
   cudaStream_t attn_side_[3] = {};
   cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr, idx_done_ev_ = nullptr;
   bool attn_side_open_ = false;
+  // The fork point's generation (one per attn_qkv that forks) and the one branch i last waited on (-1: it has not
+  // joined since the last join, so attend() need not wait for it).
+  int64_t attn_fork_gen_ = 0, attn_wait_gen_[3] = {-1, -1, -1};
   bool idx_scores_pending_ = false;  // an indexer_topk of this fork window recorded idx_done_ev_ (batched decode)
   int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; one slot per side stream (they may run at once)
   // An op's kernels on side stream `which` (-1: s_ itself): s_ swapped with it and lin()'s QA8 slot moved for the
@@ -1322,7 +1336,12 @@ class CudaBackend final : public Backend {
     int which;
     int slot;
     SideScope(CudaBackend* be, int w) : b(be), which(w), slot(be->lin_qa8_slot_) {
-      if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = 40 + which;
+      if (which < 0) return;
+      if (b->attn_wait_gen_[which] != b->attn_fork_gen_) {  // lazy fork: this branch's first op since the fork point
+        DSV4_CU(cudaStreamWaitEvent(b->attn_side_[which], b->attn_fork_ev_, 0));  // (attn_side_[which]: the branch)
+        b->attn_wait_gen_[which] = b->attn_fork_gen_;
+      }
+      std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = 40 + which;
     }
     ~SideScope() {
       if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = slot;
@@ -1334,6 +1353,8 @@ class CudaBackend final : public Backend {
     attn_side_open_ = false;
     idx_scores_pending_ = false;
     for (int i = 0; i < 3; ++i) {
+      if (attn_wait_gen_[i] < 0) continue;  // never joined the fork (lazy): nothing to wait for
+      attn_wait_gen_[i] = -1;
       cudaError_t e = cudaEventRecord(attn_join_ev_[i], attn_side_[i]);
       if (e == cudaSuccess) e = cudaStreamWaitEvent(s_, attn_join_ev_[i], 0);
       if (!nothrow) DSV4_CU(e);

@@ -2481,7 +2481,10 @@ std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
 std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
 std::atomic<int> g_attn_fork_on{-1};
+std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
 }  // namespace
+void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
+bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
 void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool attn_fork_enabled() {
   int v = g_attn_fork_on.load(std::memory_order_relaxed);

@@ -269,6 +269,10 @@ bool attend_derope_fuse_enabled();
 // (DSV4_ATTN_FORK=0 / false: one stream). The same kernels either way: bit-identical results.
 void set_attn_fork(bool on);
 bool attn_fork_enabled();
+// With the fork on: each branch joins it at its first op and attend() joins only those (default), or every branch
+// joins at the fork and is joined back (DSV4_ATTN_LAZY_FORK=0 / false). The same kernels: bit-identical results.
+void set_attn_lazy_fork(bool on);
+bool attn_lazy_fork_enabled();
 
 // Routed experts on the device: table[e] holds expert e's w1/w3/w2 (all in the same format).
 struct DevExpert {

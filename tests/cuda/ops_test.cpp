@@ -764,6 +764,26 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
                              " n=" + std::to_string(n) + (tc ? " (tensor cores)" : "");
     expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
+    if (!tc) {
+      // The same split-KV attention in one launch (group barriers; AttendArgs::sync): the same bits. Twice, so the
+      // second launch finds the barrier words as the first left them.
+      DBuf<unsigned> dsync(2 * cu::kAttendSyncGroups);
+      DBuf<float> dfused(ref.size());
+      cu::AttendArgs f = a;
+      f.sync = dsync.p, f.o = dfused.p;
+      for (int rep = 0; rep < 2; ++rep) {
+        cu::fill_f32(dfused.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
+        const int64_t before = cu::attend_fused_launches();
+        cu::attend(f, nullptr);
+        ASSERT_EQ(cu::attend_fused_launches(), before + 1) << what << ": the fused kernel did not take this shape";
+        const vector<float> got = dfused.get(), want = dout.get();
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << what << " fused vs split rep " << rep << ": rel L2 " << cmp(got, want).rel;
+      }
+      EXPECT_EQ(derr.get()[0], 0) << what << " fused";
+      const vector<unsigned> sy = dsync.get();
+      EXPECT_EQ(sy[0], 0u) << what << ": a barrier's arrival count left non-zero";
+    }
     if (tc) {
       // The split-KV kernels on the same inputs: the same function up to fp32 summation order, so only rare BF16
       // rounding flips (of p or of the output) may differ.
@@ -849,7 +869,10 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
       ASSERT_EQ(std::memcmp(want_ring.data() + (pos0 % W) * D, kv.data(), D * sizeof(float)), 0) << what;
       // (The slot written holds position pos0 - W, outside this step's window, so o cannot show a store that came
       // too early; the ordering rests on the merge kernel's pdl_wait after pv and scores: see attend_merge_kernel.)
-      // Fused.
+      // Fused (and, where the GPU holds the grid, scores, pv and merge in one launch: AttendArgs::sync).
+      DBuf<unsigned> dsync(2 * cu::kAttendSyncGroups);
+      a.sync = dsync.p;
+      const int64_t fused_before = cu::attend_fused_launches();
       DBuf<float> ring_f(ring.size()), o_f(static_cast<size_t>(H * D));
       DSV4_CU(cudaDeviceSynchronize());  // their zeroing ran on the legacy stream; s does not wait for it
       a.ring = ring_f.p, a.store_ring = ring_f.p, a.o = o_f.p;
@@ -892,6 +915,7 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
         EXPECT_NE(std::memcmp(wd.data(), want_o.data(), wd.size() * sizeof(float)), 0) << what << ": the RoPE changed nothing";
       }
       EXPECT_EQ(derr.get()[0], 0) << what;
+      EXPECT_GT(cu::attend_fused_launches(), fused_before) << what << ": the one-launch attention never ran";
       std::printf("[op] %s: o and ring bit-identical to attend + window_store (+ inverse RoPE)\n", what.c_str());
     }
   DSV4_CU(cudaStreamDestroy(s));

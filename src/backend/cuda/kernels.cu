@@ -1252,7 +1252,15 @@ __device__ __forceinline__ AttGeom att_geom(const AttendArgs& a, int i) {
   return g;
 }
 
+// 16-byte copy global -> shared without passing through registers; ok == false zero-fills (the source is not read).
+__device__ __forceinline__ void att_cp16(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+
 // Loads rows [j0, j0 + nr) of query i into the tile (row pointers resolved by attend_row; skipped rows flagged).
+// The row copies are asynchronous, all in flight at once: a load-then-store loop waited on one memory round trip
+// per iteration (8 per thread for a 16 x 512 tile), most of the scores / pv launch time in the decode trace.
 __device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,
                                               const float** rp, int* valid) {
   if (threadIdx.x < kAttTile) {
@@ -1266,11 +1274,74 @@ __device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const 
   const int D4 = static_cast<int>(a.D / 4);
   for (int x = threadIdx.x; x < nr * D4; x += blockDim.x) {
     const int r = x / D4, e = x % D4;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (valid[r]) v = __ldg(reinterpret_cast<const float4*>(rp[r]) + e);
-    reinterpret_cast<float4*>(tile)[r * D4 + e] = v;
+    const bool ok = valid[r] != 0;
+    att_cp16(reinterpret_cast<float4*>(tile) + r * D4 + e, ok ? reinterpret_cast<const float4*>(rp[r]) + e : reinterpret_cast<const float4*>(a.q), ok);
   }
+  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
   __syncthreads();
+}
+
+// The scores of the tile's nr rows for the warp's two heads (h0 + warp, h0 + warp + 8), q in registers (lane holds
+// q[e] for e = 4 * (lane + 32 m)): dst[h * ld + j_off + r] = q.k_r / sqrt(D), -inf for skipped rows. Shared by the
+// split kernels (dst: the global S) and the fused kernel (dst: shared memory): the same operations, the same bits.
+__device__ __forceinline__ void att_tile_scores(const float4 (&q)[2][kAttMaxD / 128], const float* tile, const int* valid,
+                                                int nr, int hn, int D4, float scale, float* dst, int64_t ld, int j_off) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = 0; r < nr; ++r) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = warp + 8 * hh;
+      if (h >= hn) continue;
+      float p = 0.0f;
+#pragma unroll
+      for (int m = 0; m < kAttMaxD / 128; ++m) {
+        const int e4 = lane + 32 * m;
+        if (e4 < D4) {
+          const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
+          p += q[hh][m].x * k.x + q[hh][m].y * k.y + q[hh][m].z * k.z + q[hh][m].w * k.w;
+        }
+      }
+      p = warp_sum(p);
+      if (lane == 0) dst[static_cast<int64_t>(h) * ld + j_off + r] = valid[r] ? p * scale : -INFINITY;
+    }
+  }
+}
+
+// q of the warp's two heads into registers (see att_tile_scores).
+__device__ __forceinline__ void att_load_q(const AttendArgs& a, int i, int h0, int hn, float4 (&q)[2][kAttMaxD / 128]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, D4 = static_cast<int>(a.D / 4);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int m = 0; m < kAttMaxD / 128; ++m) {
+      const int h = warp + 8 * hh, e4 = lane + 32 * m;
+      q[hh][m] = (h < hn && e4 < D4) ? __ldg(reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(i) * a.H + h0 + h) * a.D) + e4)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// A chunk's (max, sum exp) per head from its scores S[h * ld + j], j in [0, nr): lane j % 32, then over lanes.
+__device__ __forceinline__ void att_chunk_stats(const float* S, int64_t ld, int nr, int hn, float* st_head0, int64_t st_ld) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int h = warp + 8 * hh;
+    if (h >= hn) continue;
+    const float* Sh = S + static_cast<int64_t>(h) * ld;
+    float mx = -INFINITY;
+    for (int j = lane; j < nr; j += 32) mx = fmaxf(mx, Sh[j]);
+    mx = warp_max(mx);
+    double z = 0.0;
+    if (mx != -INFINITY)
+      for (int j = lane; j < nr; j += 32)
+        if (Sh[j] != -INFINITY) z += exp(static_cast<double>(Sh[j] - mx));
+    z = warp_sum_d(z);
+    if (lane == 0) {
+      float* st = st_head0 + static_cast<int64_t>(h) * st_ld;
+      st[0] = mx;
+      st[1] = static_cast<float>(z);
+    }
+  }
 }
 
 __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nchunks, int cr, float* stats) {
@@ -1283,68 +1354,26 @@ __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nc
   const int hn = min(kAttHeads, a.H - h0);
   const AttGeom g = att_geom(a, i);
   const int r0 = c * cr, r1 = min(r0 + cr, g.nrows);
-  const int D4 = static_cast<int>(a.D / 4), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int D4 = static_cast<int>(a.D / 4);
   const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
-  float* S = a.scratch + (static_cast<int64_t>(i) * a.H) * a.max_rows;
-  // Each warp owns heads h0 + warp and h0 + warp + 8; lane holds q[e] for e = 4 * (lane + 32 m).
+  float* S = a.scratch + (static_cast<int64_t>(i) * a.H + h0) * a.max_rows;
   float4 q[2][kAttMaxD / 128];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-    for (int m = 0; m < kAttMaxD / 128; ++m) {
-      const int h = warp + 8 * hh, e4 = lane + 32 * m;
-      q[hh][m] = (h < hn && e4 < D4) ? __ldg(reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(i) * a.H + h0 + h) * a.D) + e4)
-                                     : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+  att_load_q(a, i, h0, hn, q);
   for (int j0 = r0; j0 < r1; j0 += kAttTile) {
     const int nr = min(kAttTile, r1 - j0);
     __syncthreads();
     att_load_tile(a, i, g, j0, nr, tile, rp, valid);
-    for (int r = 0; r < nr; ++r) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int h = warp + 8 * hh;
-        if (h >= hn) continue;
-        float p = 0.0f;
-#pragma unroll
-        for (int m = 0; m < kAttMaxD / 128; ++m) {
-          const int e4 = lane + 32 * m;
-          if (e4 < D4) {
-            const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
-            p += q[hh][m].x * k.x + q[hh][m].y * k.y + q[hh][m].z * k.z + q[hh][m].w * k.w;
-          }
-        }
-        p = warp_sum(p);
-        if (lane == 0) S[static_cast<int64_t>(h0 + h) * a.max_rows + j0 + r] = valid[r] ? p * scale : -INFINITY;
-      }
-    }
+    att_tile_scores(q, tile, valid, nr, hn, D4, scale, S, a.max_rows, j0);
   }
   __syncthreads();  // this block's S writes are visible to its own threads
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int h = warp + 8 * hh;
-    if (h >= hn) continue;
-    const float* Sh = S + static_cast<int64_t>(h0 + h) * a.max_rows;
-    float mx = -INFINITY;
-    for (int j = r0 + lane; j < r1; j += 32) mx = fmaxf(mx, Sh[j]);
-    mx = warp_max(mx);
-    double z = 0.0;
-    if (mx != -INFINITY)
-      for (int j = r0 + lane; j < r1; j += 32)
-        if (Sh[j] != -INFINITY) z += exp(static_cast<double>(Sh[j] - mx));
-    z = warp_sum_d(z);
-    if (lane == 0) {
-      float* st = stats + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0 + h) * 2;
-      st[0] = mx;
-      st[1] = static_cast<float>(z);
-    }
-  }
+  att_chunk_stats(S + r0, a.max_rows, max(0, r1 - r0), hn, stats + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0) * 2, 2);
 }
 
 // The global (M, Z) of heads h0 .. h0 + hn - 1 of query i: the sink once, then every chunk's (max, sum) rescaled.
 // Warp w takes heads w, w + nwarps, ..., its lanes the chunks (one thread per head looping over up to ~40 chunks with
 // a double exp each was a serial chain on CSA layers: pv 15.2 -> 12.9 us there in the decode trace); Z = exp(sink - M)
-// + the chunks' terms summed per lane in chunk order, then over lanes (a fixed order; double).
+// + the chunks' terms summed per lane in chunk order, then over lanes (a fixed order; double). The stats are read
+// through L2 (ld.global.cg): in the fused kernel other blocks of the same launch wrote them.
 __device__ __forceinline__ void att_global_mz(const AttendArgs& a, const float* stats, int nchunks, int i, int h0, int hn,
                                               float* Ms, double* Zs) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
@@ -1352,18 +1381,58 @@ __device__ __forceinline__ void att_global_mz(const AttendArgs& a, const float* 
     const int h = h0 + hh;
     const float* st = stats + (static_cast<int64_t>(i) * nchunks) * a.H * 2 + h * 2;
     float M = a.sink[h];
-    for (int cc = lane; cc < nchunks; cc += 32) M = fmaxf(M, st[static_cast<int64_t>(cc) * a.H * 2]);
+    for (int cc = lane; cc < nchunks; cc += 32) M = fmaxf(M, __ldcg(st + static_cast<int64_t>(cc) * a.H * 2));
     M = warp_max(M);
     double z = 0.0;
     for (int cc = lane; cc < nchunks; cc += 32) {
-      const float m = st[static_cast<int64_t>(cc) * a.H * 2];
-      if (m != -INFINITY) z += static_cast<double>(st[static_cast<int64_t>(cc) * a.H * 2 + 1]) * exp(static_cast<double>(m - M));
+      const float m = __ldcg(st + static_cast<int64_t>(cc) * a.H * 2);
+      if (m != -INFINITY) z += static_cast<double>(__ldcg(st + static_cast<int64_t>(cc) * a.H * 2 + 1)) * exp(static_cast<double>(m - M));
     }
     z = warp_sum_d(z);
     if (lane == 0) {
       Ms[hh] = M;
       Zs[hh] = exp(static_cast<double>(a.sink[h] - M)) + z;
     }
+  }
+}
+
+// p = exp(S - M) / Z ([official] BF16) of the tile's rows into P[head][row]: thread (head tid / 16, row tid % 16),
+// S[h * ld + r] the scores of the tile's rows (a skipped row's -inf gives 0).
+__device__ __forceinline__ void att_tile_p(const AttendArgs& a, const float* S, int64_t ld, int nr, int hn, const float* Ms,
+                                           const double* Zs, float (*P)[kAttTile]) {
+  const int hh = threadIdx.x / kAttTile, r = threadIdx.x % kAttTile;
+  float p = 0.0f;
+  if (hh < hn && r < nr) {
+    const float s = S[static_cast<int64_t>(hh) * ld + r];
+    if (s != -INFINITY) {
+      p = static_cast<float>(exp(static_cast<double>(s - Ms[hh])) / Zs[hh]);
+      if (a.official) p = bf16r(p);
+    }
+  }
+  if (hh < kAttHeads) P[hh][r] = p;
+}
+
+// acc[k] += sum over the tile's rows of P[hf * 8 + k][r] * v_r[4 gi .. 4 gi + 3], rows in order.
+__device__ __forceinline__ void att_tile_pv(const float* tile, int nr, int D4, int gi, int hf, const float (*P)[kAttTile],
+                                            float4 (&acc)[8]) {
+  for (int r = 0; r < nr; ++r) {
+    const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float p = P[hf * 8 + k][r];
+      acc[k].x += p * v.x, acc[k].y += p * v.y, acc[k].z += p * v.z, acc[k].w += p * v.w;
+    }
+  }
+}
+
+__device__ __forceinline__ void att_store_part(const AttendArgs& a, float* part, int nchunks, int i, int c, int h0, int hn,
+                                               int D4, const float4 (&acc)[8]) {
+  const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
+  if (hf >= 2) return;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int h = hf * 8 + k;
+    if (h < hn) reinterpret_cast<float4*>(part + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0 + h) * a.D)[gi] = acc[k];
   }
 }
 
@@ -1384,97 +1453,174 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
   att_global_mz(a, stats, nchunks, i, h0, hn, Ms, Zs);
   // Thread -> (dim group gi of 4 dims, head half hf of 8 heads).
   const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
-  const bool active = hf < 2;
   float4 acc[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float* S = a.scratch + (static_cast<int64_t>(i) * a.H) * a.max_rows;
+  const float* S = a.scratch + (static_cast<int64_t>(i) * a.H + h0) * a.max_rows;
   for (int j0 = r0; j0 < r1; j0 += kAttTile) {
     const int nr = min(kAttTile, r1 - j0);
     __syncthreads();
     att_load_tile(a, i, g, j0, nr, tile, rp, valid);
-    {
-      const int hh = threadIdx.x / kAttTile, r = threadIdx.x % kAttTile;
-      float p = 0.0f;
-      if (hh < hn && r < nr) {
-        const float s = S[static_cast<int64_t>(h0 + hh) * a.max_rows + j0 + r];
-        if (s != -INFINITY) {
-          p = static_cast<float>(exp(static_cast<double>(s - Ms[hh])) / Zs[hh]);
-          if (a.official) p = bf16r(p);
-        }
-      }
-      if (hh < kAttHeads) P[hh][r] = p;
-    }
+    att_tile_p(a, S + j0, a.max_rows, nr, hn, Ms, Zs, P);
     __syncthreads();
-    if (active)
-      for (int r = 0; r < nr; ++r) {
-        const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float p = P[hf * 8 + k][r];
-          acc[k].x += p * v.x, acc[k].y += p * v.y, acc[k].z += p * v.z, acc[k].w += p * v.w;
-        }
-      }
+    if (hf < 2) att_tile_pv(tile, nr, D4, gi, hf, P, acc);
   }
-  if (active)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int h = hf * 8 + k;
-      if (h < hn)
-        reinterpret_cast<float4*>(part + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0 + h) * a.D)[gi] = acc[k];
-    }
+  att_store_part(a, part, nchunks, i, c, h0, hn, D4, acc);
 }
 
-// The merge stays a kernel of its own: folded into pv's last block per head group (a ticket counter), one block
-// would read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks) through one SM's L2
-// port -- by estimate (not measured) several times the ~2.5 us that the kernel boundary costs -- where this grid
-// spreads them over every SM. Decode instead folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
-// derope (n == 1): the last R dims of every head leave with attn_out's inverse RoPE at the query's position applied
-// (norm_rope with do_norm = false: rope_pair on the merged [official BF16] values, then [official] BF16); the thread
-// of a pair's first element merges and writes both.
-__global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o,
-                                    const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos,
-                                    const float* derope, int R) {
-  pdl_wait();
-  if (dpos) pos0 = *dpos;
-  const int64_t total = static_cast<int64_t>(n) * H * D, nope = D - R;
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+// One merged output x of o ([n][H][D]): the sum of the chunks' partials in chunk order ([official] BF16); with
+// derope, the last R dims of a head leave with the inverse RoPE at the query's position (the thread of a pair's
+// first element merges and writes both; the second element's thread writes nothing).
+// Eight chunks' loads in flight before their sum (a CSA layer has ~40): the loop-carried sum does not wait on one
+// load at a time; the additions stay in chunk order. Partials are read through L2 (the fused kernel's were written
+// by other blocks of the same launch).
+__device__ __forceinline__ void att_merge_out(const float* part, int H, int64_t D, int nchunks, bool official, float* o,
+                                              int64_t x, int64_t pos0, const float* derope, int R) {
   auto merged = [&](int64_t x) {
     const int64_t i = x / (H * D), r = x % (H * D);
     const float* p = part + i * nchunks * H * D + r;
     const int64_t hd = static_cast<int64_t>(H) * D;
-    // Eight chunks' loads in flight before their sum (a CSA layer has ~40): the loop-carried sum no longer waits on
-    // one load at a time; the additions stay in chunk order, so the result is the same bits.
     float s = 0.0f;
     int c = 0;
     for (; c + 8 <= nchunks; c += 8) {
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = p[(c + u) * hd];
+      for (int u = 0; u < 8; ++u) v[u] = __ldcg(p + (c + u) * hd);
 #pragma unroll
       for (int u = 0; u < 8; ++u) s += v[u];
     }
-    for (; c < nchunks; ++c) s += p[c * hd];
+    for (; c < nchunks; ++c) s += __ldcg(p + c * hd);
     return official ? bf16r(s) : s;
   };
-  for (int64_t x = first; x < total; x += stride) {
-    const int64_t e = x % D;
-    if (!derope || e < nope) {
-      o[x] = merged(x);
-    } else if (((e - nope) & 1) == 0) {
-      float a = merged(x), b = merged(x + 1);
-      rope_pair(a, b, static_cast<float>(pos0), derope[(e - nope) / 2], true);
-      o[x] = official ? bf16r(a) : a;
-      o[x + 1] = official ? bf16r(b) : b;
-    }
+  const int64_t e = x % D, nope = D - R;
+  if (!derope || e < nope) {
+    o[x] = merged(x);
+  } else if (((e - nope) & 1) == 0) {
+    float a = merged(x), b = merged(x + 1);
+    rope_pair(a, b, static_cast<float>(pos0), derope[(e - nope) / 2], true);
+    o[x] = official ? bf16r(a) : a;
+    o[x + 1] = official ? bf16r(b) : b;
   }
-  // window_store of the single token (n == 1): ring[pos0 % window] = kv. Ordering: the ring's readers, scores and pv,
-  // have completed when pdl_wait returns (pv precedes this kernel in the stream, scores precedes pv), so no block of
-  // this step's attention can see the new row; the next reader is a later step's attention, stream-ordered after
-  // this kernel. kv (this step's row) is only read here, as in scores and pv.
+}
+
+// The merge stays a kernel of its own in the split path: folded into pv's last block per head group (a ticket
+// counter), one block would read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks)
+// through one SM's L2 port, where this grid spreads them over every SM (the fused kernel below spreads them over the
+// group's blocks instead). Decode folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
+// derope (n == 1): attn_out's inverse RoPE (norm_rope with do_norm = false, bit for bit): see att_merge_out.
+__global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o,
+                                    const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos,
+                                    const float* derope, int R) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  const int64_t total = static_cast<int64_t>(n) * H * D;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t x = first; x < total; x += stride) att_merge_out(part, H, D, nchunks, official, o, x, pos0, derope, R);
+  // window_store of the single token (n == 1): ring[pos0 % window] = kv. The slot holds position pos0 - window, which
+  // no query of this step reads (its window is pos0 - window + 1 .. pos0, the newest row from kv itself), so the
+  // store cannot race the reads of scores and pv; the next reader is a later step's attention, stream-ordered after
+  // this kernel.
   if (ring) {
     float* dst = ring + (pos0 % window) * D;
     for (int64_t e = first; e < D; e += stride) dst[e] = kv[e];
+  }
+}
+
+// ---- fused decode attention: scores, pv and merge in ONE launch -------------------------------------------------
+// The split path's three launches cost ~33 us on a decode CSA layer (trace: scores 15.5, pv 12.9, merge 4.6) for
+// ~1.3 MB of rows: latency, not bytes. Here each block keeps its chunk's rows (K = V: one load serves both products)
+// and scores in shared memory; the nchunks blocks of a (query, head group) meet at two group barriers -- after the
+// chunk statistics (every block needs the global max and sum: the official numerics round p after the GLOBAL
+// normalisation) and after the partial outputs (the merge's inputs) -- then merge the group's outputs between them.
+// The same device functions in the same order as the split kernels: the same bits.
+// A barrier needs every block of the group resident at once: the launcher checks the grid against the occupancy
+// (attend_fused_capacity) and takes the split path otherwise; a barrier that still waits over ~2 s (blocks not
+// co-resident after all) gives up and reports code 4 through a.err instead of hanging the GPU.
+constexpr int kAttFusedMaxRows = 128;  // rows per chunk whose scores the fused kernel keeps in shared memory
+
+__device__ __forceinline__ void att_group_barrier(unsigned* cnt, unsigned nblocks, int* err) {
+  __threadfence();  // this thread's stats / partial stores are visible GPU-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = cnt + 1;
+    const unsigned g0 = *gen;
+    __threadfence();  // the generation is read before the arrival that lets the last block advance it
+    if (atomicAdd(cnt, 1u) == nblocks - 1) {
+      atomicExch(cnt, 0u);  // reset before the release: the next barrier's arrivals follow it
+      __threadfence();
+      atomicAdd(cnt + 1, 1u);
+    } else {
+      unsigned long long t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      while (*gen == g0) {
+        __nanosleep(32);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > 2000000000ull) {
+          if (err) atomicOr(err, 4);
+          break;
+        }
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(256, 2) attend_fused_kernel(AttendArgs a, int nchunks, int cr, float* stats, float* part) {
+  pdl_wait();
+  __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
+  __shared__ float Ssh[kAttHeads * kAttFusedMaxRows];
+  __shared__ const float* rp[kAttTile];
+  __shared__ int valid[kAttTile];
+  __shared__ float P[kAttHeads][kAttTile];
+  __shared__ float Ms[kAttHeads];
+  __shared__ double Zs[kAttHeads];
+  att_resolve(a, cr);
+  const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
+  const int hn = min(kAttHeads, a.H - h0);
+  const AttGeom g = att_geom(a, i);
+  const int r0 = c * cr, r1 = min(r0 + cr, g.nrows), nrows = max(0, r1 - r0);
+  const int D4 = static_cast<int>(a.D / 4);
+  const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
+  unsigned* sync = a.sync + (static_cast<int64_t>(i) * gridDim.y + blockIdx.y) * 2;
+  // 1. This chunk's scores (shared memory) and statistics (global: every block of the group reads them).
+  {
+    float4 q[2][kAttMaxD / 128];
+    att_load_q(a, i, h0, hn, q);
+    for (int j0 = r0; j0 < r1; j0 += kAttTile) {
+      const int nr = min(kAttTile, r1 - j0);
+      __syncthreads();
+      att_load_tile(a, i, g, j0, nr, tile, rp, valid);
+      att_tile_scores(q, tile, valid, nr, hn, D4, scale, Ssh, kAttFusedMaxRows, j0 - r0);
+    }
+  }
+  __syncthreads();
+  att_chunk_stats(Ssh, kAttFusedMaxRows, nrows, hn, stats + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0) * 2, 2);
+  att_group_barrier(sync, gridDim.x, a.err);
+  // 2. p with the global (M, Z), times the rows: this chunk's partial output. One tile: still in shared memory.
+  att_global_mz(a, stats, nchunks, i, h0, hn, Ms, Zs);
+  const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
+  float4 acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j0 = r0; j0 < r1; j0 += kAttTile) {
+    const int nr = min(kAttTile, r1 - j0);
+    __syncthreads();
+    if (nrows > kAttTile) att_load_tile(a, i, g, j0, nr, tile, rp, valid);
+    att_tile_p(a, Ssh + (j0 - r0), kAttFusedMaxRows, nr, hn, Ms, Zs, P);
+    __syncthreads();
+    if (hf < 2) att_tile_pv(tile, nr, D4, gi, hf, P, acc);
+  }
+  att_store_part(a, part, nchunks, i, c, h0, hn, D4, acc);
+  att_group_barrier(sync, gridDim.x, a.err);
+  // 3. The group's outputs (its heads x D), spread over its blocks.
+  const int64_t base = (static_cast<int64_t>(i) * a.H + h0) * a.D, count = static_cast<int64_t>(hn) * a.D;
+  for (int64_t x = static_cast<int64_t>(c) * blockDim.x + threadIdx.x; x < count; x += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    att_merge_out(part, a.H, a.D, nchunks, a.official, a.o, base + x, a.pos0, a.derope_inv_freq, a.derope_dim);
+  // The window store (n == 1; see attend_merge_kernel: the slot is not read by this step).
+  if (a.store_ring && c == 0 && blockIdx.y == 0 && i == 0) {
+    float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
+    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];
   }
 }
 
@@ -2402,6 +2548,27 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   DSV4_LAUNCHED();
 }
 
+// Blocks of attend_fused_kernel the device holds at once (its group barriers need every block of a group resident),
+// per device, measured once (the first call is an eager step, before any graph capture).
+namespace {
+std::atomic<int64_t> g_attend_fused_launches{0};
+int64_t attend_fused_capacity() {
+  static std::atomic<int64_t> cap[64];
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return 0;
+  int64_t v = cap[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int per_sm = 0, sms = 0;
+    DSV4_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attend_fused_kernel, 256, 0));
+    DSV4_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    v = static_cast<int64_t>(per_sm) * sms;
+    cap[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+}  // namespace
+
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
   return att_max_rows(window, kind, topk_k, pos_end, ratio);
 }
@@ -2445,7 +2612,16 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   const int nchunks = a.dpos ? sp.bound : sp.nchunks;
   float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
   float* part = stats + up4(static_cast<int64_t>(a.n) * nchunks * a.H * 2);
-  const dim3 grid(nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
+  const int hgroups = (a.H + kAttHeads - 1) / kAttHeads;
+  const dim3 grid(nchunks, hgroups, a.n);
+  if (a.sync && attend_fused_enabled() && sp.rows_per_chunk <= kAttFusedMaxRows &&
+      static_cast<int64_t>(a.n) * hgroups <= kAttendSyncGroups &&
+      static_cast<int64_t>(nchunks) * hgroups * a.n <= attend_fused_capacity()) {
+    launch(attend_fused_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
+    DSV4_LAUNCHED();
+    g_attend_fused_launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   launch(attend_scores_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats);
   DSV4_LAUNCHED();
   launch(attend_pv_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
@@ -2482,7 +2658,11 @@ std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
 std::atomic<int> g_attn_fork_on{-1};
 std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
+std::atomic<bool> g_attend_fused_on{switch_on("DSV4_ATTEND_FUSED")};
 }  // namespace
+void set_attend_fused(bool on) { g_attend_fused_on.store(on, std::memory_order_relaxed); }
+bool attend_fused_enabled() { return g_attend_fused_on.load(std::memory_order_relaxed); }
+int64_t attend_fused_launches() { return g_attend_fused_launches.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
 void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }

@@ -1396,11 +1396,23 @@ __device__ __forceinline__ void att_global_mz(const AttendArgs& a, const float* 
   for (int hh = warp; hh < hn; hh += nwarps) {
     const int h = h0 + hh;
     const float* st = stats + (static_cast<int64_t>(i) * nchunks) * a.H * 2 + h * 2;
-    float M = a.sink[h];
-    for (int cc = lane; cc < nchunks; cc += 32) M = fmaxf(M, __ldcg(st + static_cast<int64_t>(cc) * a.H * 2));
+    // The lane's first two chunks' (max, sum) are loaded together, once (a decode CSA layer has ~40 chunks): one memory
+    // round trip instead of four dependent ones; chunks from 64 on (long contexts) are read in the loops.
+    float m2[2], z2[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int cc = lane + 32 * k;
+      m2[k] = cc < nchunks ? __ldcg(st + static_cast<int64_t>(cc) * a.H * 2) : -INFINITY;
+      z2[k] = cc < nchunks ? __ldcg(st + static_cast<int64_t>(cc) * a.H * 2 + 1) : 0.0f;
+    }
+    float M = fmaxf(a.sink[h], fmaxf(m2[0], m2[1]));
+    for (int cc = lane + 64; cc < nchunks; cc += 32) M = fmaxf(M, __ldcg(st + static_cast<int64_t>(cc) * a.H * 2));
     M = warp_max(M);
     double z = 0.0;
-    for (int cc = lane; cc < nchunks; cc += 32) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (m2[k] != -INFINITY) z += static_cast<double>(z2[k]) * exp(static_cast<double>(m2[k] - M));
+    for (int cc = lane + 64; cc < nchunks; cc += 32) {
       const float m = __ldcg(st + static_cast<int64_t>(cc) * a.H * 2);
       if (m != -INFINITY) z += static_cast<double>(__ldcg(st + static_cast<int64_t>(cc) * a.H * 2 + 1)) * exp(static_cast<double>(m - M));
     }
@@ -1487,8 +1499,8 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
 // One merged output x of o ([n][H][D]): the sum of the chunks' partials in chunk order ([official] BF16); with
 // derope, the last R dims of a head leave with the inverse RoPE at the query's position (the thread of a pair's
 // first element merges and writes both; the second element's thread writes nothing).
-// Eight chunks' loads in flight before their sum (a CSA layer has ~40): the loop-carried sum does not wait on one
-// load at a time; the additions stay in chunk order. Partials are read through L2 (the fused kernel's were written
+// The chunks' loads in flight before their sum (a CSA layer has ~40): the loop-carried sum does not wait on one load
+// at a time; the additions stay in chunk order. Partials are read through L2 (the fused kernel's were written
 // by other blocks of the same launch).
 __device__ __forceinline__ void att_merge_out(const float* part, int H, int64_t D, int nchunks, bool official, float* o,
                                               int64_t x, int64_t pos0, const float* derope, int R) {
@@ -1496,16 +1508,17 @@ __device__ __forceinline__ void att_merge_out(const float* part, int H, int64_t 
     const int64_t i = x / (H * D), r = x % (H * D);
     const float* p = part + i * nchunks * H * D + r;
     const int64_t hd = static_cast<int64_t>(H) * D;
+    // Batches of 16 chunks' loads (predicated: no serial remainder loop -- an HCA layer's 13 chunks were 1 batch of 8
+    // and 5 dependent loads), added in chunk order.
     float s = 0.0f;
-    int c = 0;
-    for (; c + 8 <= nchunks; c += 8) {
-      float v[8];
+    for (int c = 0; c < nchunks; c += 16) {
+      float v[16];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = __ldcg(p + (c + u) * hd);
+      for (int u = 0; u < 16; ++u) v[u] = c + u < nchunks ? __ldcg(p + (c + u) * hd) : 0.0f;
 #pragma unroll
-      for (int u = 0; u < 8; ++u) s += v[u];
+      for (int u = 0; u < 16; ++u)
+        if (c + u < nchunks) s += v[u];
     }
-    for (; c < nchunks; ++c) s += __ldcg(p + c * hd);
     return official ? bf16r(s) : s;
   };
   const int64_t e = x % D, nope = D - R;
@@ -1554,10 +1567,12 @@ __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, 
 // co-resident after all) gives up and reports code 4 through a.err instead of hanging the GPU.
 constexpr int kAttFusedMaxRows = 128;  // rows per chunk whose scores the fused kernel keeps in shared memory
 
+// (As a cooperative grid sync: the block barrier orders every thread's stores before thread 0's fence, which makes
+// them visible GPU-wide before the arrival; one fence per block, not one per thread.)
 __device__ __forceinline__ void att_group_barrier(unsigned* cnt, unsigned nblocks, int* err) {
-  __threadfence();  // this thread's stats / partial stores are visible GPU-wide before the block arrives
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     volatile unsigned* gen = cnt + 1;
     const unsigned g0 = *gen;
     __threadfence();  // the generation is read before the arrival that lets the last block advance it

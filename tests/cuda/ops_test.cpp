@@ -782,6 +782,29 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
             << what << " fused vs split rep " << rep << ": rel L2 " << cmp(got, want).rel;
       }
       EXPECT_EQ(derr.get()[0], 0) << what << " fused";
+      if (n == 1 && std::getenv("DSV4_ATTEND_PHASES")) {
+        // Probe (no assertion): where the one-launch attention's time goes, per phase, median over blocks.
+        const int64_t cap = 4096;
+        cu::attend_phase_stamps_begin(cap);
+        for (int rep = 0; rep < 3; ++rep) cu::attend(f, nullptr);
+        const vector<uint64_t> st = cu::attend_phase_stamps_end(cap);
+        vector<vector<double>> d(9);
+        uint64_t t0min = ~0ull, t8max = 0;
+        for (int64_t b = 0; b < cap; ++b) {
+          const uint64_t* t = st.data() + b * 10;
+          if (t[0] == 0 || t[8] == 0) continue;
+          t0min = std::min(t0min, t[0]), t8max = std::max(t8max, t[8]);
+          for (int k = 1; k < 9; ++k) d[k].push_back(1e-3 * static_cast<double>(t[k] - t[k - 1]));
+          d[0].push_back(static_cast<double>(t[0]));
+        }
+        auto med = [](vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.0 : v[v.size() / 2]; };
+        double t0max = 0;
+        for (double x : d[0]) t0max = std::max(t0max, x);
+        std::printf("[phases] %s: %zu blocks, start spread %.2f us, load %.2f, scores %.2f, stats %.2f, barrier1 %.2f, "
+                    "mz %.2f, pv %.2f, barrier2 %.2f, merge %.2f us (medians); first start to last end %.2f us\n",
+                    what.c_str(), d[1].size(), 1e-3 * (t0max - static_cast<double>(t0min)), med(d[1]), med(d[2]), med(d[3]),
+                    med(d[4]), med(d[5]), med(d[6]), med(d[7]), med(d[8]), 1e-3 * static_cast<double>(t8max - t0min));
+      }
       const vector<unsigned> sy = dsync.get();
       EXPECT_EQ(sy[0], 0u) << what << ": a barrier's arrival count left non-zero";
     }
@@ -812,6 +835,7 @@ TEST(CudaOps, AttentionWindowPlusTopk) { run_attention(1, 64, 4093, 3, 4); }
 // and a first token (one row).
 TEST(CudaOps, AttentionDecodeOneToken) {
   run_attention(1, 64, 4093, 1, 4);
+  run_attention(0, 64, 8191, 1, 4);  // sliding window only (V4-Flash's first layers)
   run_attention(2, 64, 128 * 700 - 1, 1, 128);
   run_attention(1, 20, 1000, 1, 4);
   run_attention(1, 32, 8191, 1, 4);

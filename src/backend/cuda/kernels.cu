@@ -1297,30 +1297,54 @@ __device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const 
   __syncthreads();
 }
 
+// One reduce-scatter step over lanes l and l ^ O: of the 2 O values in w, the lane keeps one half (by lane bit O) plus
+// the partner's copy of that half, in w[0, O).
+static_assert(2 * kAttTile == 32, "att_tile_scores: one (head, row) pair per lane (2 heads x kAttTile rows)");
+template <int O>
+__device__ __forceinline__ void att_reduce_scatter_step(float (&w)[32], int lane) {
+  const bool up = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float send = up ? w[i] : w[i + O], keep = up ? w[i + O] : w[i];
+    w[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+
 // The scores of the tile's nr rows for the warp's two heads (h0 + warp, h0 + warp + 8), q in registers (lane holds
 // q[e] for e = 4 * (lane + 32 m)): dst[h * ld + j_off + r] = q.k_r / sqrt(D), -inf for skipped rows. Shared by the
 // split kernels (dst: the global S) and the fused kernel (dst: shared memory): the same operations, the same bits.
+// Each lane forms its partial dot products of all 32 (head, row) pairs, then one reduce-scatter over the warp (xor
+// 16, 8, 4, 2, 1: 31 shuffles, 16 independent ones in the first step) leaves pair l's total on lane l -- the same
+// addition tree as a warp_sum per pair (fp addition commutes), so the same bits as 32 serial 5-shuffle chains.
 __device__ __forceinline__ void att_tile_scores(const float4 (&q)[2][kAttMaxD / 128], const float* tile, const int* valid,
                                                 int nr, int hn, int D4, float scale, float* dst, int64_t ld, int j_off) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int r = 0; r < nr; ++r) {
+  float w[32];
+#pragma unroll
+  for (int r = 0; r < kAttTile; ++r) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int h = warp + 8 * hh;
-      if (h >= hn) continue;
       float p = 0.0f;
+      if (r < nr && warp + 8 * hh < hn) {
 #pragma unroll
-      for (int m = 0; m < kAttMaxD / 128; ++m) {
-        const int e4 = lane + 32 * m;
-        if (e4 < D4) {
-          const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
-          p += q[hh][m].x * k.x + q[hh][m].y * k.y + q[hh][m].z * k.z + q[hh][m].w * k.w;
+        for (int m = 0; m < kAttMaxD / 128; ++m) {
+          const int e4 = lane + 32 * m;
+          if (e4 < D4) {
+            const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
+            p += q[hh][m].x * k.x + q[hh][m].y * k.y + q[hh][m].z * k.z + q[hh][m].w * k.w;
+          }
         }
       }
-      p = warp_sum(p);
-      if (lane == 0) dst[static_cast<int64_t>(h) * ld + j_off + r] = valid[r] ? p * scale : -INFINITY;
+      w[hh * kAttTile + r] = p;
     }
   }
+  att_reduce_scatter_step<16>(w, lane);
+  att_reduce_scatter_step<8>(w, lane);
+  att_reduce_scatter_step<4>(w, lane);
+  att_reduce_scatter_step<2>(w, lane);
+  att_reduce_scatter_step<1>(w, lane);
+  const int hh = lane / kAttTile, r = lane % kAttTile, h = warp + 8 * hh;
+  if (r < nr && h < hn) dst[static_cast<int64_t>(h) * ld + j_off + r] = valid[r] ? w[0] * scale : -INFINITY;
 }
 
 // q of the warp's two heads into registers (see att_tile_scores).
@@ -1566,6 +1590,19 @@ __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, 
 // (attend_fused_capacity) and takes the split path otherwise; a barrier that still waits over ~2 s (blocks not
 // co-resident after all) gives up and reports code 4 through a.err instead of hanging the GPU.
 constexpr int kAttFusedMaxRows = 128;  // rows per chunk whose scores the fused kernel keeps in shared memory
+// Phase timing probe (attend_phase_stamps_begin / _end): thread 0 of every block stores %globaltimer at the phase
+// boundaries of attend_fused_kernel into g_att_stamps[block][kAttStamps]; nullptr (the default): one load, no store.
+constexpr int kAttStamps = 10;
+__device__ unsigned long long* g_att_stamps = nullptr;
+__device__ __forceinline__ void att_stamp(int k) {
+  if (threadIdx.x != 0) return;
+  unsigned long long* buf = *static_cast<unsigned long long* volatile*>(&g_att_stamps);
+  if (buf == nullptr) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const int64_t b = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  buf[b * kAttStamps + k] = t;
+}
 
 // (As a cooperative grid sync: the block barrier orders every thread's stores before thread 0's fence, which makes
 // them visible GPU-wide before the arrival; one fence per block, not one per thread.)
@@ -1606,6 +1643,7 @@ __global__ void __launch_bounds__(256, 2) attend_fused_kernel(AttendArgs a, int 
   __shared__ float P[kAttHeads][kAttTile];
   __shared__ float Ms[kAttHeads];
   __shared__ double Zs[kAttHeads];
+  att_stamp(0);
   att_resolve(a, cr);
   const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
   const int hn = min(kAttHeads, a.H - h0);
@@ -1622,14 +1660,20 @@ __global__ void __launch_bounds__(256, 2) attend_fused_kernel(AttendArgs a, int 
       const int nr = min(kAttTile, r1 - j0);
       __syncthreads();
       att_load_tile(a, i, g, j0, nr, tile, rp, valid);
+      att_stamp(1);
       att_tile_scores(q, tile, valid, nr, hn, D4, scale, Ssh, kAttFusedMaxRows, j0 - r0);
     }
   }
   __syncthreads();
+  att_stamp(2);
   att_chunk_stats(Ssh, kAttFusedMaxRows, nrows, hn, stats + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0) * 2, 2);
+  att_stamp(3);
   att_group_barrier(sync, gridDim.x, a.err);
+  att_stamp(4);
   // 2. p with the global (M, Z), times the rows: this chunk's partial output. One tile: still in shared memory.
   att_global_mz(a, stats, nchunks, i, h0, hn, Ms, Zs);
+  __syncthreads();
+  att_stamp(5);
   const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
   float4 acc[8];
 #pragma unroll
@@ -1642,8 +1686,10 @@ __global__ void __launch_bounds__(256, 2) attend_fused_kernel(AttendArgs a, int 
     __syncthreads();
     if (hf < 2) att_tile_pv(tile, nr, D4, gi, hf, P, acc);
   }
+  att_stamp(6);
   att_store_part(a, part, nchunks, i, c, h0, hn, D4, acc);
   att_group_barrier(sync, gridDim.x, a.err);
+  att_stamp(7);
   // 3. The group's outputs (its heads x D), spread over its blocks.
   const int64_t base = (static_cast<int64_t>(i) * a.H + h0) * a.D, count = static_cast<int64_t>(hn) * a.D;
   for (int64_t x = static_cast<int64_t>(c) * blockDim.x + threadIdx.x; x < count; x += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -1653,6 +1699,8 @@ __global__ void __launch_bounds__(256, 2) attend_fused_kernel(AttendArgs a, int 
     float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
     for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];
   }
+  __syncthreads();
+  att_stamp(8);
 }
 
 __global__ void window_store_kernel(const float* kv, int first, int n, int64_t pos0, int window, int64_t D, float* ring,
@@ -2693,6 +2741,23 @@ std::atomic<bool> g_attend_fused_on{switch_on("DSV4_ATTEND_FUSED")};
 }  // namespace
 void set_attend_fused(bool on) { g_attend_fused_on.store(on, std::memory_order_relaxed); }
 bool attend_fused_enabled() { return g_attend_fused_on.load(std::memory_order_relaxed); }
+void attend_phase_stamps_begin(int64_t blocks) {
+  unsigned long long* buf = nullptr;
+  DSV4_CU(cudaMalloc(&buf, static_cast<size_t>(blocks) * kAttStamps * sizeof(unsigned long long)));
+  DSV4_CU(cudaMemset(buf, 0, static_cast<size_t>(blocks) * kAttStamps * sizeof(unsigned long long)));
+  DSV4_CU(cudaMemcpyToSymbol(g_att_stamps, &buf, sizeof buf));
+}
+std::vector<uint64_t> attend_phase_stamps_end(int64_t blocks) {
+  unsigned long long* buf = nullptr;
+  DSV4_CU(cudaDeviceSynchronize());
+  DSV4_CU(cudaMemcpyFromSymbol(&buf, g_att_stamps, sizeof buf));
+  std::vector<uint64_t> out(static_cast<size_t>(blocks) * kAttStamps);
+  if (buf) DSV4_CU(cudaMemcpy(out.data(), buf, out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  unsigned long long* none = nullptr;
+  DSV4_CU(cudaMemcpyToSymbol(g_att_stamps, &none, sizeof none));
+  cudaFree(buf);
+  return out;
+}
 int64_t attend_fused_launches() { return g_attend_fused_launches.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }

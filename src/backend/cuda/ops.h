@@ -240,7 +240,10 @@ struct AttendArgs {
 constexpr int kAttendSyncGroups = 256;  // (query, 16-head group) pairs the fused attention launch takes
 void set_attend_fused(bool on);
 bool attend_fused_enabled();
-int64_t attend_fused_launches();  // process-wide count of one-launch attentions (tests: the path really ran)
+int64_t attend_fused_launches();
+// Probe: %globaltimer at the fused kernel's phase boundaries, [block][10] (begin: room for that many blocks).
+void attend_phase_stamps_begin(int64_t blocks);
+std::vector<uint64_t> attend_phase_stamps_end(int64_t blocks);  // process-wide count of one-launch attentions (tests: the path really ran)
 void attend(const AttendArgs& a, cudaStream_t s);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
 // kernels (attend_tc.cuh), whose exactness needs q and the KV rows to be BF16 values (official numerics makes them so).

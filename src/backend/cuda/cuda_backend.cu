@@ -341,8 +341,6 @@ class CudaBackend final : public Backend {
     }
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
-    att_sync_ = static_cast<unsigned*>(heap_.alloc(2 * cuda::kAttendSyncGroups * sizeof(unsigned)));
-    DSV4_CU(cudaMemset(att_sync_, 0, 2 * cuda::kAttendSyncGroups * sizeof(unsigned)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, sizeof(int64_t)));
     DSV4_CU(cudaDeviceSynchronize());
@@ -465,11 +463,8 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
     if (e) {
       DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
-      DSV4_CU(cudaMemset(att_sync_, 0, 2 * cuda::kAttendSyncGroups * sizeof(unsigned)));  // a timed-out barrier's counts
-      fail("CUDA backend: a kernel reported an error (code ", e,
-           e & 1 ? ": the indexer selected a compressed entry that is not visible" : "",
-           e & 4 ? ": the fused attention's blocks were not all resident (a group barrier timed out; DSV4_ATTEND_FUSED=0 "
-                   "avoids it)" : "", ")");
+      fail("CUDA backend: a kernel reported invalid input (code ", e,
+           e & 1 ? ": the indexer selected a compressed entry that is not visible" : "", ")");
     }
   }
 
@@ -721,7 +716,7 @@ class CudaBackend final : public Backend {
     a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, dyn_ ? sst.max_context() : pos0 + n, a.ratio);
     a.dpos = dpos();
     a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(n, a.H, a.D, a.max_rows)));
-    a.o = o, a.err = err_, a.sync = att_sync_;
+    a.o = o, a.err = err_;
     // Decode: the attention's merge kernel also stores the token's kv row into the ring, so the window_store that
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
     const bool fuse_store = n == 1 && cuda::attend_store_fuse_enabled();
@@ -1423,7 +1418,6 @@ class CudaBackend final : public Backend {
   int captures_ = 0, replays_ = 0;
   DevHeap heap_;
   int* err_ = nullptr;
-  unsigned* att_sync_ = nullptr;  // the fused attention's group barriers (AttendArgs::sync); s_ runs one at a time
   const void* embed_ = nullptr;
   int embed_dtype_ = 1;
   DevLinear head_;

@@ -1311,8 +1311,7 @@ __device__ __forceinline__ void att_reduce_scatter_step(float (&w)[32], int lane
 }
 
 // The scores of the tile's nr rows for the warp's two heads (h0 + warp, h0 + warp + 8), q in registers (lane holds
-// q[e] for e = 4 * (lane + 32 m)): dst[h * ld + j_off + r] = q.k_r / sqrt(D), -inf for skipped rows. Shared by the
-// split kernels (dst: the global S) and the fused kernel (dst: shared memory): the same operations, the same bits.
+// q[e] for e = 4 * (lane + 32 m)): dst[h * ld + j_off + r] = q.k_r / sqrt(D), -inf for skipped rows.
 // Each lane forms its partial dot products of all 32 (head, row) pairs, then one reduce-scatter over the warp (xor
 // 16, 8, 4, 2, 1: 31 shuffles, 16 independent ones in the first step) leaves pair l's total on lane l -- the same
 // addition tree as a warp_sum per pair (fp addition commutes), so the same bits as 32 serial 5-shuffle chains.
@@ -1524,8 +1523,7 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
 // derope, the last R dims of a head leave with the inverse RoPE at the query's position (the thread of a pair's
 // first element merges and writes both; the second element's thread writes nothing).
 // The chunks' loads in flight before their sum (a CSA layer has ~40): the loop-carried sum does not wait on one load
-// at a time; the additions stay in chunk order. Partials are read through L2 (the fused kernel's were written
-// by other blocks of the same launch).
+// at a time; the additions stay in chunk order.
 __device__ __forceinline__ void att_merge_out(const float* part, int H, int64_t D, int nchunks, bool official, float* o,
                                               int64_t x, int64_t pos0, const float* derope, int R) {
   auto merged = [&](int64_t x) {
@@ -1556,10 +1554,10 @@ __device__ __forceinline__ void att_merge_out(const float* part, int H, int64_t 
   }
 }
 
-// The merge stays a kernel of its own in the split path: folded into pv's last block per head group (a ticket
-// counter), one block would read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks)
-// through one SM's L2 port, where this grid spreads them over every SM (the fused kernel below spreads them over the
-// group's blocks instead). Decode folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
+// The merge stays a kernel of its own: folded into pv's last block per head group (a ticket counter), one block would
+// read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks) through one SM's L2 port, where
+// this grid spreads them over every SM (scores, pv and merge as one launch whose blocks meet at two group barriers
+// was measured slower: see docs/BENCHMARKS.md, session 9). Decode folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
 // derope (n == 1): attn_out's inverse RoPE (norm_rope with do_norm = false, bit for bit): see att_merge_out.
 __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o,
                                     const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos,
@@ -1577,130 +1575,6 @@ __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, 
     float* dst = ring + (pos0 % window) * D;
     for (int64_t e = first; e < D; e += stride) dst[e] = kv[e];
   }
-}
-
-// ---- fused decode attention: scores, pv and merge in ONE launch -------------------------------------------------
-// The split path's three launches cost ~33 us on a decode CSA layer (trace: scores 15.5, pv 12.9, merge 4.6) for
-// ~1.3 MB of rows: latency, not bytes. Here each block keeps its chunk's rows (K = V: one load serves both products)
-// and scores in shared memory; the nchunks blocks of a (query, head group) meet at two group barriers -- after the
-// chunk statistics (every block needs the global max and sum: the official numerics round p after the GLOBAL
-// normalisation) and after the partial outputs (the merge's inputs) -- then merge the group's outputs between them.
-// The same device functions in the same order as the split kernels: the same bits.
-// A barrier needs every block of the group resident at once: the launcher checks the grid against the occupancy
-// (attend_fused_capacity) and takes the split path otherwise; a barrier that still waits over ~2 s (blocks not
-// co-resident after all) gives up and reports code 4 through a.err instead of hanging the GPU.
-constexpr int kAttFusedMaxRows = 128;  // rows per chunk whose scores the fused kernel keeps in shared memory
-// Phase timing probe (attend_phase_stamps_begin / _end): thread 0 of every block stores %globaltimer at the phase
-// boundaries of attend_fused_kernel into g_att_stamps[block][kAttStamps]; nullptr (the default): one load, no store.
-constexpr int kAttStamps = 10;
-__device__ unsigned long long* g_att_stamps = nullptr;
-__device__ __forceinline__ void att_stamp(int k) {
-  if (threadIdx.x != 0) return;
-  unsigned long long* buf = *static_cast<unsigned long long* volatile*>(&g_att_stamps);
-  if (buf == nullptr) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  const int64_t b = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  buf[b * kAttStamps + k] = t;
-}
-
-// (As a cooperative grid sync: the block barrier orders every thread's stores before thread 0's fence, which makes
-// them visible GPU-wide before the arrival; one fence per block, not one per thread.)
-__device__ __forceinline__ void att_group_barrier(unsigned* cnt, unsigned nblocks, int* err) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    volatile unsigned* gen = cnt + 1;
-    const unsigned g0 = *gen;
-    __threadfence();  // the generation is read before the arrival that lets the last block advance it
-    if (atomicAdd(cnt, 1u) == nblocks - 1) {
-      atomicExch(cnt, 0u);  // reset before the release: the next barrier's arrivals follow it
-      __threadfence();
-      atomicAdd(cnt + 1, 1u);
-    } else {
-      unsigned long long t0, t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-      while (*gen == g0) {
-        __nanosleep(32);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > 2000000000ull) {
-          if (err) atomicOr(err, 4);
-          break;
-        }
-      }
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-__global__ void __launch_bounds__(256, 2) attend_fused_kernel(AttendArgs a, int nchunks, int cr, float* stats, float* part) {
-  pdl_wait();
-  __shared__ __align__(16) float tile[kAttTile * kAttMaxD];
-  __shared__ float Ssh[kAttHeads * kAttFusedMaxRows];
-  __shared__ const float* rp[kAttTile];
-  __shared__ int valid[kAttTile];
-  __shared__ float P[kAttHeads][kAttTile];
-  __shared__ float Ms[kAttHeads];
-  __shared__ double Zs[kAttHeads];
-  att_stamp(0);
-  att_resolve(a, cr);
-  const int c = blockIdx.x, h0 = blockIdx.y * kAttHeads, i = blockIdx.z;
-  const int hn = min(kAttHeads, a.H - h0);
-  const AttGeom g = att_geom(a, i);
-  const int r0 = c * cr, r1 = min(r0 + cr, g.nrows), nrows = max(0, r1 - r0);
-  const int D4 = static_cast<int>(a.D / 4);
-  const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
-  unsigned* sync = a.sync + (static_cast<int64_t>(i) * gridDim.y + blockIdx.y) * 2;
-  // 1. This chunk's scores (shared memory) and statistics (global: every block of the group reads them).
-  {
-    float4 q[2][kAttMaxD / 128];
-    att_load_q(a, i, h0, hn, q);
-    for (int j0 = r0; j0 < r1; j0 += kAttTile) {
-      const int nr = min(kAttTile, r1 - j0);
-      __syncthreads();
-      att_load_tile(a, i, g, j0, nr, tile, rp, valid);
-      att_stamp(1);
-      att_tile_scores(q, tile, valid, nr, hn, D4, scale, Ssh, kAttFusedMaxRows, j0 - r0);
-    }
-  }
-  __syncthreads();
-  att_stamp(2);
-  att_chunk_stats(Ssh, kAttFusedMaxRows, nrows, hn, stats + ((static_cast<int64_t>(i) * nchunks + c) * a.H + h0) * 2, 2);
-  att_stamp(3);
-  att_group_barrier(sync, gridDim.x, a.err);
-  att_stamp(4);
-  // 2. p with the global (M, Z), times the rows: this chunk's partial output. One tile: still in shared memory.
-  att_global_mz(a, stats, nchunks, i, h0, hn, Ms, Zs);
-  __syncthreads();
-  att_stamp(5);
-  const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
-  float4 acc[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int j0 = r0; j0 < r1; j0 += kAttTile) {
-    const int nr = min(kAttTile, r1 - j0);
-    __syncthreads();
-    if (nrows > kAttTile) att_load_tile(a, i, g, j0, nr, tile, rp, valid);
-    att_tile_p(a, Ssh + (j0 - r0), kAttFusedMaxRows, nr, hn, Ms, Zs, P);
-    __syncthreads();
-    if (hf < 2) att_tile_pv(tile, nr, D4, gi, hf, P, acc);
-  }
-  att_stamp(6);
-  att_store_part(a, part, nchunks, i, c, h0, hn, D4, acc);
-  att_group_barrier(sync, gridDim.x, a.err);
-  att_stamp(7);
-  // 3. The group's outputs (its heads x D), spread over its blocks.
-  const int64_t base = (static_cast<int64_t>(i) * a.H + h0) * a.D, count = static_cast<int64_t>(hn) * a.D;
-  for (int64_t x = static_cast<int64_t>(c) * blockDim.x + threadIdx.x; x < count; x += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    att_merge_out(part, a.H, a.D, nchunks, a.official, a.o, base + x, a.pos0, a.derope_inv_freq, a.derope_dim);
-  // The window store (n == 1; see attend_merge_kernel: the slot is not read by this step).
-  if (a.store_ring && c == 0 && blockIdx.y == 0 && i == 0) {
-    float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
-    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];
-  }
-  __syncthreads();
-  att_stamp(8);
 }
 
 __global__ void window_store_kernel(const float* kv, int first, int n, int64_t pos0, int window, int64_t D, float* ring,
@@ -2627,27 +2501,6 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   DSV4_LAUNCHED();
 }
 
-// Blocks of attend_fused_kernel the device holds at once (its group barriers need every block of a group resident),
-// per device, measured once (the first call is an eager step, before any graph capture).
-namespace {
-std::atomic<int64_t> g_attend_fused_launches{0};
-int64_t attend_fused_capacity() {
-  static std::atomic<int64_t> cap[64];
-  int dev = 0;
-  DSV4_CU(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return 0;
-  int64_t v = cap[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int per_sm = 0, sms = 0;
-    DSV4_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attend_fused_kernel, 256, 0));
-    DSV4_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    v = static_cast<int64_t>(per_sm) * sms;
-    cap[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-}  // namespace
-
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
   return att_max_rows(window, kind, topk_k, pos_end, ratio);
 }
@@ -2691,16 +2544,7 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   const int nchunks = a.dpos ? sp.bound : sp.nchunks;
   float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);
   float* part = stats + up4(static_cast<int64_t>(a.n) * nchunks * a.H * 2);
-  const int hgroups = (a.H + kAttHeads - 1) / kAttHeads;
-  const dim3 grid(nchunks, hgroups, a.n);
-  if (a.sync && attend_fused_enabled() && sp.rows_per_chunk <= kAttFusedMaxRows &&
-      static_cast<int64_t>(a.n) * hgroups <= kAttendSyncGroups &&
-      static_cast<int64_t>(nchunks) * hgroups * a.n <= attend_fused_capacity()) {
-    launch(attend_fused_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
-    DSV4_LAUNCHED();
-    g_attend_fused_launches.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  const dim3 grid(nchunks, (a.H + kAttHeads - 1) / kAttHeads, a.n);
   launch(attend_scores_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats);
   DSV4_LAUNCHED();
   launch(attend_pv_kernel, grid, 256, 0, s, a, nchunks, sp.rows_per_chunk, stats, part);
@@ -2737,40 +2581,7 @@ std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
 std::atomic<int> g_attn_fork_on{-1};
 std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
-std::atomic<bool> g_attend_fused_on{switch_on("DSV4_ATTEND_FUSED")};
 }  // namespace
-void set_attend_fused(bool on) { g_attend_fused_on.store(on, std::memory_order_relaxed); }
-bool attend_fused_enabled() { return g_attend_fused_on.load(std::memory_order_relaxed); }
-void attend_phase_stamps_begin(int64_t blocks) {
-  unsigned long long* buf = nullptr;
-  DSV4_CU(cudaMalloc(&buf, static_cast<size_t>(blocks) * kAttStamps * sizeof(unsigned long long)));
-  DSV4_CU(cudaMemset(buf, 0, static_cast<size_t>(blocks) * kAttStamps * sizeof(unsigned long long)));
-  DSV4_CU(cudaMemcpyToSymbol(g_att_stamps, &buf, sizeof buf));
-}
-std::vector<uint64_t> attend_phase_stamps_end(int64_t blocks) {
-  unsigned long long* buf = nullptr;
-  DSV4_CU(cudaDeviceSynchronize());
-  DSV4_CU(cudaMemcpyFromSymbol(&buf, g_att_stamps, sizeof buf));
-  std::vector<uint64_t> out(static_cast<size_t>(blocks) * kAttStamps);
-  if (buf) DSV4_CU(cudaMemcpy(out.data(), buf, out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-  unsigned long long* none = nullptr;
-  DSV4_CU(cudaMemcpyToSymbol(g_att_stamps, &none, sizeof none));
-  cudaFree(buf);
-  return out;
-}
-int64_t attend_fused_launches() { return g_attend_fused_launches.load(std::memory_order_relaxed); }
-void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
-bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
-void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool attn_fork_enabled() {
-  int v = g_attn_fork_on.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = switch_on("DSV4_ATTN_FORK") ? 1 : 0;
-    int expected = -1;
-    if (!g_attn_fork_on.compare_exchange_strong(expected, v, std::memory_order_relaxed)) v = expected;  // a setter won
-  }
-  return v == 1;
-}
 void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }

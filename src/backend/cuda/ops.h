@@ -232,18 +232,7 @@ struct AttendArgs {
   // query's position, [official] BF16) -- attn_out's norm_rope fused into the merge kernel, bit for bit.
   const float* derope_inv_freq = nullptr;
   int derope_dim = 0;
-  // Split-KV attention in one launch (attend_fused_kernel: the blocks of a query's head group meet at barriers):
-  // 2 x kAttendSyncGroups zeroed words, owned by the caller and used by one attention at a time; nullptr, a grid
-  // the GPU cannot hold at once or DSV4_ATTEND_FUSED=0: the three-launch split path (the same bits).
-  unsigned* sync = nullptr;
 };
-constexpr int kAttendSyncGroups = 256;  // (query, 16-head group) pairs the fused attention launch takes
-void set_attend_fused(bool on);
-bool attend_fused_enabled();
-int64_t attend_fused_launches();
-// Probe: %globaltimer at the fused kernel's phase boundaries, [block][10] (begin: room for that many blocks).
-void attend_phase_stamps_begin(int64_t blocks);
-std::vector<uint64_t> attend_phase_stamps_end(int64_t blocks);  // process-wide count of one-launch attentions (tests: the path really ran)
 void attend(const AttendArgs& a, cudaStream_t s);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
 // kernels (attend_tc.cuh), whose exactness needs q and the KV rows to be BF16 values (official numerics makes them so).

@@ -2582,6 +2582,18 @@ std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 std::atomic<int> g_attn_fork_on{-1};
 std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
 }  // namespace
+void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
+bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
+void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool attn_fork_enabled() {
+  int v = g_attn_fork_on.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = switch_on("DSV4_ATTN_FORK") ? 1 : 0;
+    int expected = -1;
+    if (!g_attn_fork_on.compare_exchange_strong(expected, v, std::memory_order_relaxed)) v = expected;  // a setter won
+  }
+  return v == 1;
+}
 void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }

@@ -1274,11 +1274,11 @@ __device__ __forceinline__ void att_cp16(void* dst, const void* src, bool ok) {
                "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 
-// Loads rows [j0, j0 + nr) of query i into the tile (row pointers resolved by attend_row; skipped rows flagged).
-// The row copies are asynchronous, all in flight at once: a load-then-store loop waited on one memory round trip
-// per iteration (8 per thread for a 16 x 512 tile), most of the scores / pv launch time in the decode trace.
-__device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,
-                                              const float** rp, int* valid) {
+// Starts the copy of rows [j0, j0 + nr) of query i into the tile (row pointers resolved by attend_row; skipped rows
+// flagged and zero-filled); att_wait_tile completes it. The row copies are asynchronous, all in flight at once: a
+// load-then-store loop waited on one memory round trip per iteration (8 per thread for a 16 x 512 tile).
+__device__ __forceinline__ void att_issue_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,
+                                               const float** rp, int* valid) {
   if (threadIdx.x < kAttTile) {
     bool skip = true;
     const float* p = nullptr;
@@ -1293,8 +1293,16 @@ __device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const 
     const bool ok = valid[r] != 0;
     att_cp16(reinterpret_cast<float4*>(tile) + r * D4 + e, ok ? reinterpret_cast<const float4*>(rp[r]) + e : reinterpret_cast<const float4*>(a.q), ok);
   }
-  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void att_wait_tile() {
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
+}
+__device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,
+                                              const float** rp, int* valid) {
+  att_issue_tile(a, i, g, j0, nr, tile, rp, valid);
+  att_wait_tile();
 }
 
 // One reduce-scatter step over lanes l and l ^ O: of the 2 O values in w, the lane keeps one half (by lane bit O) plus
@@ -1449,12 +1457,15 @@ __device__ __forceinline__ void att_global_mz(const AttendArgs& a, const float* 
 
 // p = exp(S - M) / Z ([official] BF16) of the tile's rows into P[head][row]: thread (head tid / 16, row tid % 16),
 // S[h * ld + r] the scores of the tile's rows (a skipped row's -inf gives 0).
-__device__ __forceinline__ void att_tile_p(const AttendArgs& a, const float* S, int64_t ld, int nr, int hn, const float* Ms,
-                                           const double* Zs, float (*P)[kAttTile]) {
+__device__ __forceinline__ float att_tile_s(const float* S, int64_t ld, int nr, int hn) {
+  const int hh = threadIdx.x / kAttTile, r = threadIdx.x % kAttTile;
+  return hh < hn && r < nr ? S[static_cast<int64_t>(hh) * ld + r] : -INFINITY;
+}
+__device__ __forceinline__ void att_tile_p(const AttendArgs& a, float s, int nr, int hn, const float* Ms, const double* Zs,
+                                           float (*P)[kAttTile]) {
   const int hh = threadIdx.x / kAttTile, r = threadIdx.x % kAttTile;
   float p = 0.0f;
   if (hh < hn && r < nr) {
-    const float s = S[static_cast<int64_t>(hh) * ld + r];
     if (s != -INFINITY) {
       p = static_cast<float>(exp(static_cast<double>(s - Ms[hh])) / Zs[hh]);
       if (a.official) p = bf16r(p);
@@ -1501,18 +1512,31 @@ __global__ void __launch_bounds__(256) attend_pv_kernel(AttendArgs a, int nchunk
   const AttGeom g = att_geom(a, i);
   const int r0 = c * cr, r1 = min(r0 + cr, g.nrows);
   const int D4 = static_cast<int>(a.D / 4);
+  const float* S = a.scratch + (static_cast<int64_t>(i) * a.H + h0) * a.max_rows;
+  // The first tile's rows and scores are requested before the global (M, Z) is formed: their memory round trips
+  // overlap its loads and double exps instead of following them.
+  const int nr0 = min(kAttTile, r1 - r0);
+  float s = -INFINITY;
+  if (r0 < r1) {
+    att_issue_tile(a, i, g, r0, nr0, tile, rp, valid);
+    s = att_tile_s(S + r0, a.max_rows, nr0, hn);
+  }
   att_global_mz(a, stats, nchunks, i, h0, hn, Ms, Zs);
   // Thread -> (dim group gi of 4 dims, head half hf of 8 heads).
   const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
   float4 acc[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float* S = a.scratch + (static_cast<int64_t>(i) * a.H + h0) * a.max_rows;
   for (int j0 = r0; j0 < r1; j0 += kAttTile) {
     const int nr = min(kAttTile, r1 - j0);
-    __syncthreads();
-    att_load_tile(a, i, g, j0, nr, tile, rp, valid);
-    att_tile_p(a, S + j0, a.max_rows, nr, hn, Ms, Zs, P);
+    if (j0 == r0) {
+      att_wait_tile();  // also publishes Ms / Zs
+    } else {
+      __syncthreads();
+      att_load_tile(a, i, g, j0, nr, tile, rp, valid);
+      s = att_tile_s(S + j0, a.max_rows, nr, hn);
+    }
+    att_tile_p(a, s, nr, hn, Ms, Zs, P);
     __syncthreads();
     if (hf < 2) att_tile_pv(tile, nr, D4, gi, hf, P, acc);
   }

@@ -155,16 +155,18 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
   }
 }
 
-// The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel) and the
-// compressor / indexer side stream against the same model with all of them off: bit-identical logits, eager and
-// graph, both numerics -- this covers CudaBackend's per-call choices (window_store skipping the row attend already
-// stored, attn_out skipping its norm_rope, the fork and join around the compressor and indexer ops, and for batched
-// decode the re-fork per row). On these tiny fixtures all of them engage at every single-token attention.
+// The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel, the mHC Sinkhorn
+// deferred to the posts) and the compressor / indexer side stream against the same model with all of them off:
+// bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (window_store
+// skipping the row attend already stored, attn_out skipping its norm_rope, the fork and join around the compressor
+// and indexer ops, and for batched decode the re-fork per row). On these tiny fixtures (hc_mult 4) all of them
+// engage at every single-token step.
 TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
   auto set_all = [](bool on) {
     cuda::set_attend_store_fuse(on);
     cuda::set_attn_fork(on);
     cuda::set_attend_derope_fuse(on);
+    cuda::set_hc_defer_sinkhorn(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;

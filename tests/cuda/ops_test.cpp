@@ -1148,6 +1148,55 @@ TEST(CudaOps, MhcPrePost) {
   }
 }
 
+// Deferred Sinkhorn (decode): a pre that leaves comb's logits and posts that form comb from them (hc_post_pre's mix
+// kernel, hc_post) against the same chain with the Sinkhorn in the pre: bit-identical streams, x and post, at both
+// models' widths; the comb buffer between pre and post must differ (it holds logits: the deferral really happened).
+TEST(CudaOps, MhcDeferredSinkhorn) {
+  const int hc = 4, iters = 20, n = 1;
+  const float eps = 1e-6f;
+  for (int64_t d : {int64_t{4096}, int64_t{7168}}) {
+    std::mt19937 g(static_cast<unsigned>(d + 5));
+    const MhcSite first(g, hc, d), second(g, hc, d);
+    const vector<float> X = randn(static_cast<size_t>(hc * d), g), y1 = randn(static_cast<size_t>(d), g),
+                        y2 = randn(static_cast<size_t>(d), g);
+    for (bool official : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "d=" << d << (official ? " official" : " reference"));
+      struct Out {
+        vector<float> comb_mid, x, post, X;
+      };
+      auto run = [&](bool defer) {
+        DBuf<float> dX(X), dx(static_cast<size_t>(d)), dpost(hc), dcomb(hc * hc), dy1(y1), dy2(y2);
+        DBuf<float> f1(first.fn), b1(first.base), s1(first.scale), n1(first.nw), f2(second.fn), b2(second.base),
+            s2(second.scale), n2(second.nw);
+        DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
+        auto args = [&](const DBuf<float>& fn, const DBuf<float>& base, const DBuf<float>& scale, const DBuf<float>& nw) {
+          cu::HcPreArgs a;
+          a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = fn.p, a.base = base.p, a.scale = scale.p, a.norm_w = nw.p;
+          a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p;
+          a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p, a.comb_logits = defer;
+          return a;
+        };
+        cu::HcCombIn ci;
+        if (defer) ci.sinkhorn_iters = iters, ci.eps = eps;
+        cu::hc_pre(args(f1, b1, s1, n1), nullptr);
+        Out o;
+        o.comb_mid = dcomb.get();
+        cu::hc_post_pre(dy1.p, dpost.p, dcomb.p, dX.p, args(f2, b2, s2, n2), nullptr, ci);
+        o.x = dx.get(), o.post = dpost.get();
+        cu::hc_post(dy2.p, dpost.p, dcomb.p, n, hc, d, official, dX.p, nullptr, ci);
+        o.X = dX.get();
+        return o;
+      };
+      const Out base = run(false), deferred = run(true);
+      EXPECT_NE(std::memcmp(base.comb_mid.data(), deferred.comb_mid.data(), base.comb_mid.size() * 4), 0)
+          << "the pre left the same comb: nothing was deferred";
+      EXPECT_EQ(std::memcmp(base.x.data(), deferred.x.data(), base.x.size() * 4), 0) << "second pre's x";
+      EXPECT_EQ(std::memcmp(base.post.data(), deferred.post.data(), base.post.size() * 4), 0) << "second pre's post";
+      EXPECT_EQ(std::memcmp(base.X.data(), deferred.X.data(), base.X.size() * 4), 0) << "streams after both posts";
+    }
+  }
+}
+
 // hc_post_pre (the post fused into the next pre's mix kernel) against hc_post then hc_pre: bit-identical streams and
 // pre outputs, at both models' widths, for a decode step and a prefill chunk; and against the CPU twins. post/comb
 // come from an earlier pre (realistic values) and are read and overwritten in place, as the forward does.

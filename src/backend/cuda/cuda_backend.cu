@@ -543,8 +543,17 @@ class CudaBackend final : public Backend {
     a.hc_eps = static_cast<float>(c_.hc_eps), a.rms_eps = c_.rms_eps;
     a.sinkhorn_iters = c_.hc_sinkhorn_iters, a.official = official_;
     a.x = x, a.post = post, a.comb = comb;
+    a.comb_logits = defer_sinkhorn(n);
     a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
     return a;
+  }
+  // Decode: every pre leaves comb's logits and the post consuming that comb (same n: a sub-layer's pre and post pair
+  // up) forms comb from them, off the pre's critical path. The rule depends on n only, so producer and consumer agree.
+  bool defer_sinkhorn(int n) const { return n == 1 && c_.hc_mult == 4 && cuda::hc_defer_sinkhorn_enabled(); }
+  cuda::HcCombIn comb_in(int n) const {
+    cuda::HcCombIn ci;
+    if (defer_sinkhorn(n)) ci.sinkhorn_iters = c_.hc_sinkhorn_iters, ci.eps = static_cast<float>(c_.hc_eps);
+    return ci;
   }
 
   void hc_pre(int layer, HcSite site, const float* X, int n, float* x, float* post, float* comb) override {
@@ -554,12 +563,12 @@ class CudaBackend final : public Backend {
 
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
     OpScope prof(this, "hc_post");
-    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_);
+    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_, comb_in(n));
   }
 
   void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) override {
     OpScope prof(this, "hc_post_pre");
-    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_);
+    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_, comb_in(n));
   }
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {

@@ -442,66 +442,6 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   }
 }
 
-// One output of the mHC post: post_k * y + sum_s comb[s][k] * X_s in stream order ([official] BF16), with explicit
-// roundings; hc_post_kernel and hc_post_mix_kernel share it so that both write bit-identical streams.
-template <int M>
-__device__ __forceinline__ float hc_post_value(float post_k, float y, const float (&comb_k)[M], const float (&xs)[M],
-                                               int hc, bool official) {
-  float v = __fmul_rn(post_k, y);
-#pragma unroll
-  for (int s = 0; s < M; ++s)
-    if (s < hc) v = __fmaf_rn(comb_k[s], xs[s], v);
-  return official ? bf16r(v) : v;
-}
-
-// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, token groups): the block owns its
-// slice's columns of every stream, so warp s computes the new stream s there from the old streams (as
-// hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
-// All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
-// them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
-__global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
-                                                           HcPreArgs a, int nmix, int nslices, float* partial) {
-  __shared__ float red[4][kHcPostMix + 1];
-  const int sl = blockIdx.x, hc = a.hc, k = threadIdx.x >> 5;
-  const int64_t d = a.d, nf = hc * d;
-  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
-  const bool inb = j < d;
-  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 f[kHcPostMix];
-#pragma unroll
-  for (int r = 0; r < kHcPostMix; ++r)
-    f[r] = (inb && r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + k * d + j)) : z4;
-  pdl_wait();
-  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * kHcTokensPerBlock);
-  for (int t = blockIdx.y * kHcTokensPerBlock; t < t1; ++t) {
-    float* Xt = X + t * nf;
-    float4 xs[4];
-    float comb_k[4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
-      comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
-    }
-    const float post_k = post[t * hc + k];
-    const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
-    // old[c][s]: column j + c of stream s.
-    const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
-                             {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
-                             {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
-                             {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
-    const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
-                                        hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
-                                        hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
-                                        hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
-                          : z4;
-    __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
-    if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
-    float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
-    hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, out);
-    __syncthreads();  // red is rewritten by the next token
-  }
-}
-
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
 // but rare cases. An IEEE division costs ~64 cycles of dependent latency on one warp (tools/gpu/probes/hc_finish_probe.cu).
 __device__ __forceinline__ float rcp_approx(float x) {
@@ -514,21 +454,19 @@ __device__ __forceinline__ float div_corrected(float x, float y, float r) {
   return fmaf(fmaf(-q, y, x), r, q);
 }
 
-// The Sinkhorn of comb (hc_finish_kernel's warp 0), HC = hc_mult as a constant: every lane holds the whole HC x HC
-// matrix in registers (no shuffles), row softmax, then iterations of (row, column) normalisation, sums in the CPU
-// reference's order; the divisions by div_corrected. Probe on an H200 (one warp, hc 4, 20 iterations): 14,300 cycles
-// with shuffles and IEEE divisions (~7 us, the critical path of every hc_pre), 6,000 like this, with the same results
-// on its input. A run-time hc (guarded loops) compiled to a branch per element and was slower than the shuffles.
+// comb's logits c[j][k] = mix[2 HC + j HC + k] * sc_comb + base (warp-collective: lane l holds base element l in
+// b_comb, read before griddepcontrol.wait; every lane gathers them all). One explicit FMA, so that the Sinkhorn gets
+// the same inputs whether it runs here or in the post that consumes comb (deferred: HcPreArgs::comb_logits).
 template <int HC>
-__device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
-  const int lane = threadIdx.x & 31;
-  const float eps = a.hc_eps;
-  // The comb biases: lane l holds element l's (read before griddepcontrol.wait); every lane gathers them all.
-  float c[HC][HC];
+__device__ __forceinline__ void hc_comb_logits(const float* mix, float sc_comb, float b_comb, float (&c)[HC][HC]) {
 #pragma unroll
   for (int j = 0; j < HC; ++j)
 #pragma unroll
-    for (int k = 0; k < HC; ++k) c[j][k] = mix[2 * HC + j * HC + k] * sc_comb + __shfl_sync(0xffffffffu, b_comb, j * HC + k);
+    for (int k = 0; k < HC; ++k) c[j][k] = __fmaf_rn(mix[2 * HC + j * HC + k], sc_comb, __shfl_sync(0xffffffffu, b_comb, j * HC + k));
+}
+// Row softmax, then `iters` rounds of (row, column) normalisation of the whole matrix in this thread's registers.
+template <int HC>
+__device__ __forceinline__ void hc_sinkhorn_core(float (&c)[HC][HC], float eps, int iters) {
 #pragma unroll
   for (int j = 0; j < HC; ++j) {
     float mx = c[j][0], sum = 0.0f;
@@ -540,7 +478,7 @@ __device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, cons
 #pragma unroll
     for (int k = 0; k < HC; ++k) c[j][k] = div_corrected(c[j][k], sum, r) + eps;
   }
-  for (int it = 0; it < a.sinkhorn_iters; ++it) {
+  for (int it = 0; it < iters; ++it) {
     if (it > 0)
 #pragma unroll
       for (int j = 0; j < HC; ++j) {
@@ -563,6 +501,101 @@ __device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, cons
       for (int j = 0; j < HC; ++j) c[j][k] = div_corrected(c[j][k], s, r);
     }
   }
+}
+// comb of token t from the logits a consuming post finds in comb_in (deferred Sinkhorn; HC 4): every thread of the
+// caller computes the whole matrix (no shuffles; the caller runs it before griddepcontrol.wait, where the logits --
+// written by a pre at least two kernels earlier -- are complete). Read through L2 (the buffer is rewritten every step).
+__device__ __forceinline__ void hc_comb_from_logits(const float* comb_in, int t, float eps, int iters, float (&c)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[j][k] = __ldcg(comb_in + t * 16 + j * 4 + k);
+  hc_sinkhorn_core<4>(c, eps, iters);
+}
+
+// One output of the mHC post: post_k * y + sum_s comb[s][k] * X_s in stream order ([official] BF16), with explicit
+// roundings; hc_post_kernel and hc_post_mix_kernel share it so that both write bit-identical streams.
+template <int M>
+__device__ __forceinline__ float hc_post_value(float post_k, float y, const float (&comb_k)[M], const float (&xs)[M],
+                                               int hc, bool official) {
+  float v = __fmul_rn(post_k, y);
+#pragma unroll
+  for (int s = 0; s < M; ++s)
+    if (s < hc) v = __fmaf_rn(comb_k[s], xs[s], v);
+  return official ? bf16r(v) : v;
+}
+
+// hc_post_pre: the mHC post, then the next pre's mix over the new streams. Grid (slices, token groups): the block owns its
+// slice's columns of every stream, so warp s computes the new stream s there from the old streams (as
+// hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
+// All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
+// them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
+__global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
+                                                           HcPreArgs a, int nmix, int nslices, float* partial, HcCombIn ci) {
+  __shared__ float red[4][kHcPostMix + 1];
+  const int sl = blockIdx.x, hc = a.hc, k = threadIdx.x >> 5;
+  const int64_t d = a.d, nf = hc * d;
+  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
+  const bool inb = j < d;
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 f[kHcPostMix];
+#pragma unroll
+  for (int r = 0; r < kHcPostMix; ++r)
+    f[r] = (inb && r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + k * d + j)) : z4;
+  // Deferred Sinkhorn (one token): comb from its logits, overlapping the previous kernel.
+  const bool deferred = ci.sinkhorn_iters >= 0;
+  float cl[4][4];
+  if (deferred) hc_comb_from_logits(comb, 0, ci.eps, ci.sinkhorn_iters, cl);
+  pdl_wait();
+  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * kHcTokensPerBlock);
+  for (int t = blockIdx.y * kHcTokensPerBlock; t < t1; ++t) {
+    float* Xt = X + t * nf;
+    float4 xs[4];
+    float comb_k[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      xs[s] = (inb && s < hc) ? *reinterpret_cast<const float4*>(Xt + s * d + j) : z4;
+      if (deferred) {
+        comb_k[s] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          if (kk == k) comb_k[s] = cl[s][kk];  // (a register array indexed at run time would go to local memory)
+      } else {
+        comb_k[s] = s < hc ? comb[(static_cast<int64_t>(t) * hc + s) * hc + k] : 0.0f;
+      }
+    }
+    const float post_k = post[t * hc + k];
+    const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
+    // old[c][s]: column j + c of stream s.
+    const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
+                             {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
+                             {xs[0].z, xs[1].z, xs[2].z, xs[3].z},
+                             {xs[0].w, xs[1].w, xs[2].w, xs[3].w}};
+    const float4 xv = inb ? make_float4(hc_post_value<4>(post_k, yv.x, comb_k, old[0], hc, a.official),
+                                        hc_post_value<4>(post_k, yv.y, comb_k, old[1], hc, a.official),
+                                        hc_post_value<4>(post_k, yv.z, comb_k, old[2], hc, a.official),
+                                        hc_post_value<4>(post_k, yv.w, comb_k, old[3], hc, a.official))
+                          : z4;
+    __syncthreads();  // every warp has read the old streams of these columns before any of them is overwritten
+    if (inb) *reinterpret_cast<float4*>(Xt + k * d + j) = xv;
+    float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
+    hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, out);
+    __syncthreads();  // red is rewritten by the next token
+  }
+}
+
+// The Sinkhorn of comb (hc_finish_kernel's warp 0), HC = hc_mult as a constant: every lane holds the whole HC x HC
+// matrix in registers (no shuffles), row softmax, then iterations of (row, column) normalisation, sums in the CPU
+// reference's order; the divisions by div_corrected. Probe on an H200 (one warp, hc 4, 20 iterations): 14,300 cycles
+// with shuffles and IEEE divisions (~7 us, the critical path of every hc_pre), 6,000 like this, with the same results
+// on its input. A run-time hc (guarded loops) compiled to a branch per element and was slower than the shuffles.
+// With a.comb_logits the warp stores the logits instead and the consuming post runs the Sinkhorn (see hc_finish_kernel).
+template <int HC>
+__device__ __forceinline__ void hc_sinkhorn_warp(const HcPreArgs& a, int t, const float* mix, float sc_comb, float b_comb) {
+  const int lane = threadIdx.x & 31;
+  float c[HC][HC];
+  hc_comb_logits<HC>(mix, sc_comb, b_comb, c);
+  if (!a.comb_logits) hc_sinkhorn_core<HC>(c, a.hc_eps, a.sinkhorn_iters);
   float mine = 0.0f;
 #pragma unroll
   for (int j = 0; j < HC; ++j)
@@ -728,7 +761,11 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
 // runtime-sized arrays went to local memory: 10K spill sectors per launch in ncu).
 template <int HC>
 __global__ void hc_post_kernel(const float* y, const float* post, const float* comb, int n, int hc_rt, int64_t d,
-                               bool official, float* X) {
+                               bool official, float* X, HcCombIn ci) {
+  // Deferred Sinkhorn (HC 4, one token): every thread forms comb from the logits before griddepcontrol.wait.
+  float cl[4][4];
+  if constexpr (HC == 4)
+    if (ci.sinkhorn_iters >= 0) hc_comb_from_logits(comb, 0, ci.eps, ci.sinkhorn_iters, cl);
   pdl_wait();
   constexpr int M = HC > 0 ? HC : 16;
   const int hc = HC > 0 ? HC : hc_rt;
@@ -746,8 +783,15 @@ __global__ void hc_post_kernel(const float* y, const float* post, const float* c
       if (k >= hc) continue;
       float comb_k[M];
 #pragma unroll
-      for (int s = 0; s < M; ++s)
+      for (int s = 0; s < M; ++s) {
+        if constexpr (HC == 4) {
+          if (ci.sinkhorn_iters >= 0) {
+            comb_k[s] = cl[s][k];
+            continue;
+          }
+        }
         if (s < hc) comb_k[s] = C[s * hc + k];
+      }
       out[k] = hc_post_value<M>(post[t * hc + k], y[t * d + j], comb_k, xs, hc, official);
     }
 #pragma unroll
@@ -2425,6 +2469,7 @@ int hc_slices(const HcPreArgs& a, const char* op) {
 }
 
 void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
+  if (a.comb_logits && (a.n != 1 || a.hc != 4 || a.head)) fail("hc_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
   set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
   launch(hc_finish_kernel, a.n, 512, sm, s, a, hc_nmix(a), nslices, a.partial);
@@ -2434,6 +2479,7 @@ void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
 
 void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.comb_logits && (a.n != 1 || a.hc != 4 || a.head)) fail("hc_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_pre");
   const unsigned tgroups = static_cast<unsigned>((a.n + kHcTokensPerBlock - 1) / kHcTokensPerBlock);
   launch(hc_mix_kernel, dim3(nslices, tgroups, (nmix + 7) / 8), 32 * a.hc, 0, s, a, nmix, nslices, a.partial);
@@ -2442,21 +2488,25 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
 }
 
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
-             cudaStream_t s) {
+             cudaStream_t s, HcCombIn ci) {
   if (n <= 0) return;
   if (hc < 1 || hc > 16) fail("hc_post: hc_mult ", hc, " must be in 1..16");
-  if (hc == 4) launch(hc_post_kernel<4>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
-  else launch(hc_post_kernel<0>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X);
+  if (ci.sinkhorn_iters >= 0 && (n != 1 || hc != 4)) fail("hc_post: comb logits (deferred Sinkhorn) take one token and hc 4");
+  if (hc == 4) launch(hc_post_kernel<4>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X, ci);
+  else launch(hc_post_kernel<0>, grid_1d(static_cast<int64_t>(n) * d), 256, 0, s, y, post, comb, n, hc, d, official, X, ci);
   DSV4_LAUNCHED();
 }
 
-void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s) {
+void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s,
+                 HcCombIn ci) {
   if (a.n <= 0) return;
   if (a.head) fail("hc_post_pre: the head's pre follows no post");
   if (a.X != X) fail("hc_post_pre: the pre must read the streams the post writes");
+  if (ci.sinkhorn_iters >= 0 && (a.n != 1 || a.hc != 4))
+    fail("hc_post_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_post_pre");
   const unsigned tgroups = static_cast<unsigned>((a.n + kHcTokensPerBlock - 1) / kHcTokensPerBlock);
-  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial);
+  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, ci);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }
@@ -2605,7 +2655,10 @@ std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
 std::atomic<int> g_attn_fork_on{-1};
 std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
+std::atomic<bool> g_hc_defer_sinkhorn_on{switch_on("DSV4_HC_DEFER_SINKHORN")};
 }  // namespace
+void set_hc_defer_sinkhorn(bool on) { g_hc_defer_sinkhorn_on.store(on, std::memory_order_relaxed); }
+bool hc_defer_sinkhorn_enabled() { return g_hc_defer_sinkhorn_on.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
 void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }

@@ -147,18 +147,33 @@ struct HcPreArgs {
   float* post = nullptr;  // [n, hc]
   float* comb = nullptr;  // [n, hc, hc]
   bool head = false;      // hc_head mode: fn [hc, hc*d], pre only, rms with norm_w (no post/comb)
+  // Deferred Sinkhorn (one token, hc 4): comb is left holding its logits (mix * scale + base) and the post that
+  // consumes it (HcCombIn) runs the Sinkhorn, before its griddepcontrol.wait -- off the critical path of this pre,
+  // whose last kernel otherwise ends with the ~3 us serial Sinkhorn of one warp.
+  bool comb_logits = false;
   float* partial = nullptr;  // scratch of hc_pre_scratch_floats(n, hc, d) floats (split-K partial sums)
 };
 // Two launches: split-K mix GEMV over many blocks, then one block per token (Sinkhorn in one warp, collapse, RMSNorm).
 int64_t hc_pre_scratch_floats(int n, int hc, int64_t d);
 void hc_pre(const HcPreArgs& a, cudaStream_t s);
+// A post's comb input: the final matrix (sinkhorn_iters < 0, the default) or the logits a one-token pre left with
+// HcPreArgs::comb_logits, from which the post forms comb itself (Sinkhorn with these iterations and eps: the pre's).
+struct HcCombIn {
+  int sinkhorn_iters = -1;
+  float eps = 0.0f;
+};
 // X[t, k, :] = post[t, k] * y[t, :] + sum_i comb[t, i, k] * X[t, i, :]  ([official] bf16).
 void hc_post(const float* y, const float* post, const float* comb, int n, int hc, int64_t d, bool official, float* X,
-             cudaStream_t s);
+             cudaStream_t s, HcCombIn ci = {});
 // hc_post(y, post, comb, a.n, a.hc, a.d, a.official, X) then hc_pre(a) on the new streams (a.X == X), bit-identical,
 // in two launches instead of three: the post runs inside the mix kernel. post/comb may be a.post/a.comb (the pre's
 // outputs are written by its last launch, after every read of the post's inputs).
-void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s);
+void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s,
+                 HcCombIn ci = {});
+// Decode (one token, hc 4): CudaBackend's pres leave comb logits and its posts run the Sinkhorn (default on;
+// DSV4_HC_DEFER_SINKHORN=0 / false: the pre's last kernel runs it). Bit-identical either way.
+void set_hc_defer_sinkhorn(bool on);
+bool hc_defer_sinkhorn_enabled();
 
 // Compressor step over a chunk whose projections K, Z [n, coff*c] are precomputed. State sK/sZ [coff*m, coff*c],
 // cache rows appended from index `count0`. Emits the entries of windows completed in [pos0, pos0 + n).

@@ -11,6 +11,7 @@
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
 # per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0);
+# AB_TP likewise with --tp 2 on two GPUs;
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -155,6 +156,16 @@ if [ -n "${AB:-}" ]; then
     name=$(echo "$kv" | tr '=' '_')
     step "ab_$name" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
     note "- A/B $kv: $(ab_line "$OUT/ab_$name.log")"
+  done
+fi
+# AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two.
+if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then
+  abt_line() { grep -E "per layer" "$1" | tr -s ' ' | tr '\n' ' '; }
+  for v in base $AB_TP; do
+    case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
+    name=$(echo "$kv" | tr '=' '_')
+    step "abtp_$name" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt 2048
+    note "- A/B TP2 $kv: $(abt_line "$OUT/abtp_$name.log")"
   done
 fi
 

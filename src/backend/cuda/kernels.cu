@@ -1463,8 +1463,8 @@ __global__ void __launch_bounds__(256) attend_scores_kernel(AttendArgs a, int nc
 // The global (M, Z) of heads h0 .. h0 + hn - 1 of query i: the sink once, then every chunk's (max, sum) rescaled.
 // Warp w takes heads w, w + nwarps, ..., its lanes the chunks (one thread per head looping over up to ~40 chunks with
 // a double exp each was a serial chain on CSA layers: pv 15.2 -> 12.9 us there in the decode trace); Z = exp(sink - M)
-// + the chunks' terms summed per lane in chunk order, then over lanes (a fixed order; double). The stats are read
-// through L2 (ld.global.cg): in the fused kernel other blocks of the same launch wrote them.
+// + the chunks' terms summed per lane in chunk order, then over lanes (a fixed order; double). The stats (written by
+// the scores launch) are read through L2 (ld.global.cg), each lane's first two chunks with one round trip.
 __device__ __forceinline__ void att_global_mz(const AttendArgs& a, const float* stats, int nchunks, int i, int h0, int hn,
                                               float* Ms, double* Zs) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
@@ -1626,7 +1626,8 @@ __device__ __forceinline__ void att_merge_out(const float* part, int H, int64_t 
 // The merge stays a kernel of its own: folded into pv's last block per head group (a ticket counter), one block would
 // read all nchunks x 16 heads x D partials (1.3 MB on a decode CSA layer: 40 chunks) through one SM's L2 port, where
 // this grid spreads them over every SM (scores, pv and merge as one launch whose blocks meet at two group barriers
-// was measured slower: see docs/BENCHMARKS.md, session 9). Decode folds window_store into it (ring != nullptr): one launch and boundary fewer per layer.
+// was measured slower: see docs/BENCHMARKS.md, session 9). Decode folds window_store into it (ring != nullptr): one
+// launch and boundary fewer per layer.
 // derope (n == 1): attn_out's inverse RoPE (norm_rope with do_norm = false, bit for bit): see att_merge_out.
 __global__ void attend_merge_kernel(const float* part, int n, int H, int64_t D, int nchunks, bool official, float* o,
                                     const float* kv, float* ring, int window, int64_t pos0, const int64_t* dpos,

@@ -26,15 +26,7 @@ using RingA = RingCfg<4, 4, 512>;
 constexpr int kRingR = 4;  // rows the launchers require per group (a multiple of every geometry's R)
 constexpr size_t kRingBytes = RingA::Bytes;  // 160 KB
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// cp_async16 / cp_async4 / cp_async_commit / cp_async_wait: kernels.cu (before the first kernel that uses them).
 
 // The aligned 4-byte word holding chunk c's block scale(s), and the bit offset of those inside it: FP8 one fp32 per
 // 8 chunks (always aligned); MXFP4 one byte per chunk; NVFP4 two bytes per chunk (the launcher requires an even

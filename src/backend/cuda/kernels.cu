@@ -299,18 +299,30 @@ __global__ void fill_kernel(float* x, int64_t n, float v) {
 // ---------------------------------------------------------------------------------------------------------------
 // Blocks [0, a.rows) run row set a, the next b.rows blocks row set b (b.rows = 0: none): two independent sets in one
 // launch (attn_qkv's q_lora norm and KV norm/RoPE: one kernel boundary less per layer, ~4 us in the decode trace).
+// cp.async copies global -> shared (no registers on the way), their groups and waits; shared by the decode kernels
+// here and the rings of gemv_ring.cuh / expert_mma.cuh. cp_async16_zfill with ok == false zero-fills (src not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 // dst[0, n) = src[0, n) through cp.async copies (16 bytes where both are 16-byte aligned and n % 4 == 0, else 4), issued
 // by the block's threads without waiting: the caller commits and waits (cp.async.wait_group) and synchronises.
 __device__ __forceinline__ void block_copy_async(float* dst, const float* src, int n) {
   const bool wide = n % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 && (__cvta_generic_to_shared(dst) & 15) == 0;
   if (wide) {
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst + 4 * i))),
-                   "l"(src + 4 * i) : "memory");
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) cp_async16(dst + 4 * i, src + 4 * i);
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst + i))),
-                   "l"(src + i) : "memory");
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cp_async4(dst + i, src + i);
   }
 }
 __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row);
@@ -338,7 +350,8 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   pdl_wait();
   const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
   block_copy_async(v, x, len);
-  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   if (a.do_norm) {
     block_rms(v, len, a.w ? ws : nullptr, a.eps, red);
@@ -1312,12 +1325,6 @@ __device__ __forceinline__ AttGeom att_geom(const AttendArgs& a, int i) {
   return g;
 }
 
-// 16-byte copy global -> shared without passing through registers; ok == false zero-fills (the source is not read).
-__device__ __forceinline__ void att_cp16(void* dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-
 // Starts the copy of rows [j0, j0 + nr) of query i into the tile (row pointers resolved by attend_row; skipped rows
 // flagged and zero-filled); att_wait_tile completes it. The row copies are asynchronous, all in flight at once: a
 // load-then-store loop waited on one memory round trip per iteration (8 per thread for a 16 x 512 tile).
@@ -1335,12 +1342,12 @@ __device__ __forceinline__ void att_issue_tile(const AttendArgs& a, int i, const
   for (int x = threadIdx.x; x < nr * D4; x += blockDim.x) {
     const int r = x / D4, e = x % D4;
     const bool ok = valid[r] != 0;
-    att_cp16(reinterpret_cast<float4*>(tile) + r * D4 + e, ok ? reinterpret_cast<const float4*>(rp[r]) + e : reinterpret_cast<const float4*>(a.q), ok);
+    cp_async16_zfill(reinterpret_cast<float4*>(tile) + r * D4 + e, ok ? reinterpret_cast<const float4*>(rp[r]) + e : reinterpret_cast<const float4*>(a.q), ok);
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  cp_async_commit();
 }
 __device__ __forceinline__ void att_wait_tile() {
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
 }
 __device__ __forceinline__ void att_load_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,

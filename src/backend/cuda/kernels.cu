@@ -64,8 +64,12 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   if (g_trace_names_on.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(g_trace_mu);
-    g_trace_funcs.push_back(reinterpret_cast<const void*>(kernel));
+    int dev = -1;
+    (void)cudaGetDevice(&dev);
+    if (dev == 0) {  // the trace follows cuda:0 (under TP: rank 0), whose kernels stamp
+      std::lock_guard<std::mutex> lock(g_trace_mu);
+      g_trace_funcs.push_back(reinterpret_cast<const void*>(kernel));
+    }
   }
   DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
@@ -3062,13 +3066,24 @@ std::vector<std::string> trace_launch_names() {
 }
 
 namespace {
-unsigned long long* g_trace_dev = nullptr;  // the buffer trace_begin allocated (current device)
+unsigned long long* g_trace_dev = nullptr;  // the buffer trace_begin allocated (on cuda:0)
 int64_t g_trace_capacity = 0;
+// The trace is cuda:0's (under TP: rank 0's): its symbols and buffer are set and read there, whatever device the
+// calling thread has current; the caller's device is restored.
+struct OnDevice0 {
+  int prev = 0;
+  OnDevice0() {
+    DSV4_CU(cudaGetDevice(&prev));
+    DSV4_CU(cudaSetDevice(0));
+  }
+  ~OnDevice0() { (void)cudaSetDevice(prev); }
+};
 }  // namespace
 
 void trace_begin(int64_t capacity) {
   if (g_trace_dev) fail("trace_begin: a trace is already running");
   if (capacity <= 0 || capacity > (int64_t{1} << 30)) fail("trace_begin: capacity ", capacity, " out of range");
+  OnDevice0 on0;
   DSV4_CU(cudaDeviceSynchronize());
   DSV4_CU(cudaMalloc(&g_trace_dev, static_cast<size_t>(capacity) * sizeof(unsigned long long)));
   g_trace_capacity = capacity;
@@ -3081,6 +3096,7 @@ void trace_begin(int64_t capacity) {
 
 std::vector<uint64_t> trace_end() {
   if (!g_trace_dev) fail("trace_end: no trace running");
+  OnDevice0 on0;
   DSV4_CU(cudaDeviceSynchronize());
   unsigned long long* none = nullptr;
   DSV4_CU(cudaMemcpyToSymbol(g_trace_buf, &none, sizeof none));

@@ -144,6 +144,10 @@ fi
 if [ -n "${TRACE:-}" ]; then
   step trace 180 "$DSV4" bench --synthetic flash --layers 4 --context 8192 --prompt 256 --trace-steps 30
   grep -v '^\[bench\]' "$OUT/trace.log" | grep -v '^{' >> "$SUMMARY"
+  if [ "${NGPU:-1}" -ge 2 ]; then  # rank 0's kernels under --tp 2 (the all-reduce's time shows in the kernel before it)
+    step trace_tp2 180 "$DSV4" bench --synthetic flash --layers 4 --tp 2 --context 8192 --prompt 256 --trace-steps 30
+    grep -v '^\[bench\]' "$OUT/trace_tp2.log" | grep -v '^{' >> "$SUMMARY"
+  fi
 fi
 
 # AB="VAR1 VAR2=V ...": the 20-layer Flash bench (2K prompt) once per entry (VAR alone: VAR=0), after one with none.

@@ -144,7 +144,7 @@ fi
 if [ -n "${TRACE:-}" ]; then
   step trace 180 "$DSV4" bench --synthetic flash --layers 4 --context 8192 --prompt 256 --trace-steps 30
   grep -v '^\[bench\]' "$OUT/trace.log" | grep -v '^{' >> "$SUMMARY"
-  if [ "${NGPU:-1}" -ge 2 ]; then  # rank 0's kernels under --tp 2 (the all-reduce's time shows in the kernel before it)
+  if [ "${NGPU:-1}" -ge 2 ]; then  # rank 0's kernels under --tp 2 (peer_all_reduce_kernel: the all-reduces, peer wait included)
     step trace_tp2 180 "$DSV4" bench --synthetic flash --layers 4 --tp 2 --context 8192 --prompt 256 --trace-steps 30
     grep -v '^\[bench\]' "$OUT/trace_tp2.log" | grep -v '^{' >> "$SUMMARY"
   fi

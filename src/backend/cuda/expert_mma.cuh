@@ -95,16 +95,18 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
 // row's fp32 scale row (one float per 128 columns).
 // rows_of(t, r, w, s): weight and scale row pointers of tile row r (0..15); xcode(t) / xscale(t): the tile's staged
 // codes and scales; flush(t, v0, v8): the epilogue with tile rows g and g + 8 (lanes t == 0 hold them: lane g * 4).
-// parts > 1 (W8: the shared expert has 256 16-row tiles for ~2,100 warps): the 4 warps of a group (warps 4 group ..
-// 4 group + 3 of the block, all walking the same tiles) take K part `part` of K / parts columns each, and the part-0
-// warp flushes the parts' sum, added in part order (deterministic) after a named barrier of the group.
+// parts > 1 (fewer tiles than warps: the shared expert's 256 16-row tiles, or the routed tiles of a TP2 rank's
+// half-width experts, for ~2,100 warps): the `parts` warps of a group (warps parts x group .. + parts - 1 of the
+// block, all walking the same tiles) take K part `part` of K / parts columns each, and the part-0 warp flushes the
+// parts' sum, added in part order (deterministic) after named barrier bar0 + group of the group. Callers give
+// walks that can run at the same time in one block (the shared and the routed walk) disjoint barrier ids.
 // Like ring_walk: the first S - 1 steps' copies are issued before stage() (and before pdl_wait() when
 // WAIT_AFTER_PROLOGUE); every thread of the block must call it (barrier).
 template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, typename RowsOf, typename XCode, typename XScale, typename Flush,
           typename Stage>
 __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring,
                                          RowsOf rows_of, XCode xcode, XScale xscale, Flush flush, Stage stage,
-                                         int parts = 1, int part = 0, int group = 0) {
+                                         int parts = 1, int part = 0, int group = 0, int bar0 = 1) {
   using M = MmaCfg<CPS>;
   static_assert(!W8 || CPS == 8, "the FP8 walk takes 128 columns (8 chunks) per step");
   constexpr int kS = M::S, kCols = CPS * (W8 ? 16 : 32);  // columns per step
@@ -203,16 +205,17 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
     if (++ck == ks) {
       if (parts == 1) {
         if (t4 == 0) flush(ct, acc0, acc8);
-      } else if constexpr (W8) {
-        __shared__ float red[4][4][16];  // [group][part][tile row]
-        if (t4 == 0) red[group][part][g] = acc0, red[group][part][g + 8] = acc8;
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory");  // the group's 4 warps have written
+      } else {
+        __shared__ float red[16][16];  // [warp of the block = parts x group + part][tile row]
+        float(*mine)[16] = red + parts * group;
+        if (t4 == 0) mine[part][g] = acc0, mine[part][g + 8] = acc8;
+        asm volatile("bar.sync %0, %1;" ::"r"(bar0 + group), "r"(32 * parts) : "memory");  // the group has written
         if (part == 0 && t4 == 0) {
           float v0 = 0.0f, v8 = 0.0f;
-          for (int q = 0; q < parts; ++q) v0 += red[group][q][g], v8 += red[group][q][g + 8];
+          for (int q = 0; q < parts; ++q) v0 += mine[q][g], v8 += mine[q][g + 8];
           flush(ct, v0, v8);
         }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory");  // ... and read before the next tile's writes
+        asm volatile("bar.sync %0, %1;" ::"r"(bar0 + group), "r"(32 * parts) : "memory");  // ... and read before the next tile's writes
       }
       acc0 = acc8 = 0.0f;
       ck = 0;

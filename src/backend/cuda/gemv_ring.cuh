@@ -204,9 +204,10 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // walk goes first (and has its copies issued before griddepcontrol.wait) is explained at the walks below.
 // mma != 0 (MXFP4 with the activation QA8-quantized while staging; expert_mma_mode): the routed walk is mma_walk
 // (expert_mma.cuh) instead of ring_walk, in the same ring memory; mma == 2: the shared expert's FP8 walk on the
-// MMAs too (the default where its shapes allow; DSV4_SHARED_MMA=0: off), else unchanged.
+// MMAs too (the default where its shapes allow; DSV4_SHARED_MMA=0: off), else unchanged. parts (1, 2 or 4;
+// expert_mma_parts): the routed MMA walk's K split, for fewer routed tiles than warps.
 template <int F, bool GATE_UP, typename C>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -313,11 +314,13 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     if (mma) {
       static_assert(kMmaWarpBytes <= C::WarpBytes, "the MMA walk's ring must fit the warp's ring memory");
       // 16-row tiles (gate/up: 8 intermediate rows of w1, then of w3); fewer tiles than warps (Flash: 1,536 for
-      // 2,112 warps), so tiles go to warps block-minor: every SM gets a share.
+      // 2,112 warps), so tiles go to warps block-minor: every SM gets a share. With half as many tiles again (a TP2
+      // rank's gate/up: 768) a tile's K is split over `parts` warps of one block: one warp per tile left ~6 of 16
+      // warps per SM walking 32 steps each (the TP2 trace: gate/up 23.5 us for half the bytes of TP1's 34.6).
       const int64_t per_m = GATE_UP ? a.I / 8 : a.d / 16, nt_m = per_m * k;
       uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
       float* xscales = reinterpret_cast<float*>(xcodes + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
-      const int64_t gwm = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
+      const int64_t gwm = static_cast<int64_t>(warp / parts) * gridDim.x + blockIdx.x, nwm = static_cast<int64_t>(C::W / parts) * gridDim.x;
       auto rows_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
         const int j = static_cast<int>(t / per_m);
         const int64_t rt = t - j * per_m;
@@ -358,7 +361,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         }
       };
       uint8_t* ring = smem + warp * C::WarpBytes;
-      mma_walk<!GATE_UP, 4, false>(gwm, nw, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m);
+      // Named barriers 5.. (the shared walk's groups use 1..4 and may still be running in other warps of the block).
+      mma_walk<!GATE_UP, 4, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts, warp % parts,
+                                   warp / parts, 5);
       if constexpr (!GATE_UP)
         if (has_sh) walk_shared(std::false_type{});
       return;

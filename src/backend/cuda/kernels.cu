@@ -20,6 +20,7 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/peer_allreduce.h"
 #include "core/error.h"
 #include "numeric/codecs.h"
 
@@ -2788,6 +2789,16 @@ void set_expert_mma(bool on) { g_expert_mma_on.store(on, std::memory_order_relax
 void set_shared_expert_mma(bool on) { g_mma_shared_on.store(on, std::memory_order_relaxed); }
 int64_t expert_mma_launches() { return g_mma_launches.load(std::memory_order_relaxed); }
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) ? expert_mma_mode(a, gate_up) : 0; }
+std::atomic<bool> g_expert_ksplit_on{switch_on("DSV4_EXPERT_KSPLIT")};
+void set_expert_ksplit(bool on) { g_expert_ksplit_on.store(on, std::memory_order_relaxed); }
+int expert_mma_parts(const ExpertArgs& a, bool gate_up) {
+  if (!g_expert_ksplit_on.load(std::memory_order_relaxed) || expert_mma_mode_used(a, gate_up) == 0) return 1;
+  const int64_t tiles = (gate_up ? a.I / 8 : a.d / 16) * a.k, warps = static_cast<int64_t>(sm_count()) * RingA::W;
+  const int64_t K = gate_up ? a.d : a.I;
+  int parts = 1;  // whole 128-column steps per part (the walk's step)
+  while (parts < 4 && tiles * parts * 2 <= warps && (K / (parts * 2)) % 128 == 0) parts *= 2;
+  return parts;
+}
 // The shared expert fused into both decode ring launches (expert_ring_kernel, has_sh): FP8 pair [2I, d] and w2
 // [d, I] with 16-byte rows, and both launches still fit with its staged row.
 bool expert_ring_shared_ok(const ExpertArgs& a) {
@@ -2861,8 +2872,8 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, 0); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, true)); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, true), expert_mma_parts(a, true)); break;
         default: fail("expert_gate_up: no ring kernel for this format");
       }
     };
@@ -2959,8 +2970,8 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, 0); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, false)); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1); break;
+        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, false), expert_mma_parts(a, false)); break;
         default: fail("expert_down: no ring kernel for this format");
       }
     };
@@ -3111,5 +3122,7 @@ std::vector<uint64_t> trace_end() {
     fail("trace_end: ", n, " kernels stamped, capacity ", g_trace_capacity, " (raise it)");
   return t;
 }
+
+#include "backend/cuda/peer_allreduce_kernel.cuh"
 
 }  // namespace dsv4::cuda

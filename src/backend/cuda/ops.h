@@ -344,6 +344,11 @@ void set_shared_expert_mma(bool on);
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up);
 // Ring launches that took the MMA walk since the process started (captured graph launches count once).
 int64_t expert_mma_launches();
+// The routed MMA walk's K split for a (1, 2 or 4 warps per 16-row tile: split while twice the tiles still fit the
+// launch's warps, e.g. a TP2 rank's Flash gate/up; 1 where a is not the MMA walk). set_expert_ksplit(false) /
+// DSV4_EXPERT_KSPLIT=0: always 1 (A/B). Another summation order of the same function (the op test bounds it).
+int expert_mma_parts(const ExpertArgs& a, bool gate_up);
+void set_expert_ksplit(bool on);
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);

@@ -678,6 +678,19 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
     cu::set_expert_mma(true);
     auto part = [](const vector<float>& v, size_t from, size_t to) { return vector<float>(v.begin() + from, v.begin() + to); };
     const auto a0 = act[0].get(), a1 = act[1].get(), y0 = y[0].get(), y1 = y[1].get();
+    if (shared && down_ring) {
+      // The MMA walks again with each walk staging its own input (set_expert_stage_once(false)): bit for bit the same.
+      cu::set_expert_stage_once(false);
+      DBuf<float> act2(static_cast<size_t>((k + 1) * I)), y2(static_cast<size_t>((k + 1) * d));
+      cu::ExpertArgs b = a, c = dn;
+      b.act = act2.p, c.act = act2.p, c.y = y2.p;
+      cu::expert_gate_up(b, nullptr);
+      cu::expert_down(c, nullptr);
+      cu::set_expert_stage_once(true);
+      const auto a2 = act2.get(), yy2 = y2.get();
+      EXPECT_EQ(0, std::memcmp(a2.data(), a1.data(), a1.size() * 4)) << "gate/up: staged once vs per walk";
+      EXPECT_EQ(0, std::memcmp(yy2.data(), y1.data(), y1.size() * 4)) << "down: staged once vs per walk";
+    }
     const size_t kI = static_cast<size_t>(k * I), kd = static_cast<size_t>(k * d);
     const Stats sa = cmp(part(a1, 0, kI), part(a0, 0, kI)), sy = cmp(part(y1, 0, kd), part(y0, 0, kd));
     std::printf("[op] decode experts MMA (%s) vs FMA walk (%s): gate/up act rel L2 %.3g (K in %d parts), down y rel L2 %.3g%s\n",

@@ -101,12 +101,13 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
 // parts' sum, added in part order (deterministic) after named barrier bar0 + group of the group. Callers give
 // walks that can run at the same time in one block (the shared and the routed walk) disjoint barrier ids.
 // Like ring_walk: the first S - 1 steps' copies are issued before stage() (and before pdl_wait() when
-// WAIT_AFTER_PROLOGUE); every thread of the block must call it (barrier).
+// WAIT_AFTER_PROLOGUE); every thread of the block must call it (barrier) -- unless !sync: then stage() must be a
+// no-op whose data an earlier barrier already published (a second walk whose input the first walk staged).
 template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, typename RowsOf, typename XCode, typename XScale, typename Flush,
           typename Stage>
 __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring,
                                          RowsOf rows_of, XCode xcode, XScale xscale, Flush flush, Stage stage,
-                                         int parts = 1, int part = 0, int group = 0, int bar0 = 1) {
+                                         int parts = 1, int part = 0, int group = 0, int bar0 = 1, bool sync = true) {
   using M = MmaCfg<CPS>;
   static_assert(!W8 || CPS == 8, "the FP8 walk takes 128 columns (8 chunks) per step");
   constexpr int kS = M::S, kCols = CPS * (W8 ? 16 : 32);  // columns per step
@@ -147,6 +148,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
       if (lt < ntiles) load_rows();
     }
   };
+  __syncwarp();  // a walk before this one in the same ring memory has been read by every lane of the warp
 #pragma unroll
   for (int p = 0; p < kS - 1; ++p) {
     if (p < steps) issue();
@@ -154,7 +156,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
   }
   if constexpr (WAIT_AFTER_PROLOGUE) pdl_wait();
   stage();
-  __syncthreads();
+  if (sync) __syncthreads();
   int64_t ct = gw;
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;

@@ -205,9 +205,11 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // mma != 0 (MXFP4 with the activation QA8-quantized while staging; expert_mma_mode): the routed walk is mma_walk
 // (expert_mma.cuh) instead of ring_walk, in the same ring memory; mma == 2: the shared expert's FP8 walk on the
 // MMAs too (the default where its shapes allow; DSV4_SHARED_MMA=0: off), else unchanged. parts (1, 2 or 4;
-// expert_mma_parts): the routed MMA walk's K split, for fewer routed tiles than warps.
+// expert_mma_parts): the routed MMA walk's K split, for fewer routed tiles than warps. once (mma == 2 with has_sh;
+// expert_stage_once): the first of the two walks stages both walks' inputs (gate/up: and reads the selection), the
+// second skips its staging and block barrier, so a warp goes from its first walk's tiles straight to its second's.
 template <int F, bool GATE_UP, typename C>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -215,10 +217,35 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   float* xs = reinterpret_cast<float*>(smem + kRingBytes);
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp, nw = static_cast<int64_t>(gridDim.x) * kRingWarps;
+  // The MMA walks' staged activations: the routed rows' E4M3 codes (in the MMA order) and scales at xs, the shared
+  // expert's (natural order) after the routed rows (xs2, as for the FMA walks).
+  float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);
+  uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
+  float* xscales = reinterpret_cast<float*>(xcodes + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
+  uint8_t* xc2 = reinterpret_cast<uint8_t*>(xs2);
+  float* xsc2 = reinterpret_cast<float*>(xc2 + (GATE_UP ? a.d : a.I));
+  auto stage_routed_m = [&] {
+    if (GATE_UP) {
+      stage_x_e4m3(a.x, a.d, xcodes, xscales);
+    } else {
+      for (int j = 0; j < k; ++j)
+        stage_x_e4m3(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xcodes + static_cast<int64_t>(j) * a.I,
+                     xscales + static_cast<int64_t>(j) * (a.I / 128));
+    }
+  };
+  auto stage_shared_m = [&] {
+    if (GATE_UP) stage_x_e4m3<true>(a.x, a.d, xc2, xsc2);
+    else stage_x_e4m3<true>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xc2, xsc2);
+  };
+  auto load_selection = [&] {  // one token: slots 0..k-1, read through L2 (__ldcg), past any older L1 line
+    if (threadIdx.x < k) ex[threadIdx.x] = a.table[__ldcg(a.sel + threadIdx.x)];
+  };
   // The shared expert's walk (has_sh); PRE: its first copies are issued before griddepcontrol.wait (ring_walk).
-  auto walk_shared = [&](auto pre) {
+  // ROLE (once, MMA walk only): 1 = the first walk (gate/up): it stages the routed walk's input too and reads the
+  // selection; 2 = the second walk (down): the routed walk staged its input, no staging, no block barrier.
+  auto walk_shared = [&](auto pre, auto role) {
     constexpr bool PRE = decltype(pre)::value;
-    float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);  // after the routed rows' staging
+    constexpr int ROLE = decltype(role)::value;
     const int64_t K2 = GATE_UP ? a.d : a.I, rows2 = GATE_UP ? a.I : a.d;
     const int64_t nt2 = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR;
     auto tile2 = [&](int64_t t, RingTile<kRingR>& T) {
@@ -266,8 +293,6 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // 16-row tiles -- gate/up: 8 rows of w1 and the same 8 of w3 (pair rows I + r), down: 16 rows of w2 -- with
       // the activation staged as natural-order E4M3 codes.
       const int64_t per2 = GATE_UP ? a.I / 8 : a.d / 16;
-      uint8_t* xc2 = reinterpret_cast<uint8_t*>(xs2);
-      float* xsc2 = reinterpret_cast<float*>(xc2 + K2);
       auto rows2_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
         const int64_t row = GATE_UP ? (r < 8 ? 8 * t + r : a.I + 8 * t + (r - 8)) : 16 * t + r;
         w = static_cast<const uint8_t*>(sh.w) + row * K2;
@@ -288,9 +313,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       mma_walk<PRE, 8, true>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
                              [&](int64_t) -> const uint8_t* { return xc2; }, [&](int64_t) -> const float* { return xsc2; },
                              flush2_m, [&] {
-                               if (GATE_UP) stage_x_e4m3<true>(a.x, a.d, xc2, xsc2);
-                               else stage_x_e4m3<true>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xc2, xsc2);
-                             }, 4, warp % 4, warp / 4);
+                               if constexpr (ROLE == 1) stage_routed_m(), load_selection();
+                               if constexpr (ROLE != 2) stage_shared_m();
+                             }, 4, warp % 4, warp / 4, 1, ROLE != 2);
       return;
     }
     ring_walk<kFP8, kRingR, C::S, PRE>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
@@ -303,12 +328,19 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   // wait, and this grid is launched only after every gate/up block passed it (launch_dependents follows the wait), so
   // the selection is already final here: the routed tiles go first and THEIR copies overlap gate/up's tail (half of a
   // down warp's 6 chunk-steps for Flash). The selection is read through L2 (__ldcg), past any older L1 line.
+  using Role0 = std::integral_constant<int, 0>;
+  using Role1 = std::integral_constant<int, 1>;
+  using Role2 = std::integral_constant<int, 2>;
+  once = once && F == kFP4 && mma == 2 && has_sh;  // the launcher sets it only there; the kernel relies on it
   if constexpr (GATE_UP) {
-    if (has_sh) walk_shared(std::true_type{});
+    if (has_sh && once) walk_shared(std::true_type{}, Role1{});  // stages both inputs and reads the selection
+    else if (has_sh) walk_shared(std::true_type{}, Role0{});
     else pdl_wait();
   }
-  if (threadIdx.x < k) ex[threadIdx.x] = a.table[__ldcg(a.sel + threadIdx.x)];  // one token: slots 0..k-1
-  __syncthreads();
+  if (!(GATE_UP && once)) {
+    load_selection();
+    __syncthreads();
+  }
   const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
   if constexpr (F == kFP4) {
     if (mma) {
@@ -318,8 +350,6 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // rank's gate/up: 768) a tile's K is split over `parts` warps of one block: one warp per tile left ~6 of 16
       // warps per SM walking 32 steps each (the TP2 trace: gate/up 23.5 us for half the bytes of TP1's 34.6).
       const int64_t per_m = GATE_UP ? a.I / 8 : a.d / 16, nt_m = per_m * k;
-      uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
-      float* xscales = reinterpret_cast<float*>(xcodes + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
       const int64_t gwm = static_cast<int64_t>(warp / parts) * gridDim.x + blockIdx.x, nwm = static_cast<int64_t>(C::W / parts) * gridDim.x;
       auto rows_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
         const int j = static_cast<int>(t / per_m);
@@ -351,21 +381,18 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           expert_store_y(a, j, 16 * rt + g + 8, v8);
         }
       };
-      auto stage_m = [&] {
-        if (GATE_UP) {
-          stage_x_e4m3(a.x, a.d, xcodes, xscales);
-        } else {
-          for (int j = 0; j < k; ++j)
-            stage_x_e4m3(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xcodes + static_cast<int64_t>(j) * a.I,
-                         xscales + static_cast<int64_t>(j) * (a.I / 128));
-        }
-      };
       uint8_t* ring = smem + warp * C::WarpBytes;
       // Named barriers 5.. (the shared walk's groups use 1..4 and may still be running in other warps of the block).
-      mma_walk<!GATE_UP, 4, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts, warp % parts,
-                                   warp / parts, 5);
-      if constexpr (!GATE_UP)
-        if (has_sh) walk_shared(std::false_type{});
+      // once: gate/up's shared walk staged this input (and published it with its barrier); down's walk stages the
+      // shared walk's input too.
+      mma_walk<!GATE_UP, 4, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, [&] {
+        if (!(GATE_UP && once)) stage_routed_m();
+        if (!GATE_UP && once) stage_shared_m();
+      }, parts, warp % parts, warp / parts, 5, !(GATE_UP && once));
+      if constexpr (!GATE_UP) {
+        if (has_sh && once) walk_shared(std::false_type{}, Role2{});
+        else if (has_sh) walk_shared(std::false_type{}, Role0{});
+      }
       return;
     }
   }
@@ -423,5 +450,5 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     }
   });
   if constexpr (!GATE_UP)
-    if (has_sh) walk_shared(std::false_type{});
+    if (has_sh) walk_shared(std::false_type{}, Role0{});
 }

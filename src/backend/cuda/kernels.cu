@@ -2790,6 +2790,10 @@ void set_shared_expert_mma(bool on) { g_mma_shared_on.store(on, std::memory_orde
 int64_t expert_mma_launches() { return g_mma_launches.load(std::memory_order_relaxed); }
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) ? expert_mma_mode(a, gate_up) : 0; }
 std::atomic<bool> g_expert_ksplit_on{switch_on("DSV4_EXPERT_KSPLIT")};
+std::atomic<bool> g_expert_stage_once_on{switch_on("DSV4_EXPERT_STAGE_ONCE")};
+void set_expert_stage_once(bool on) { g_expert_stage_once_on.store(on, std::memory_order_relaxed); }
+// The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
+bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
 void set_expert_ksplit(bool on) { g_expert_ksplit_on.store(on, std::memory_order_relaxed); }
 int expert_mma_parts(const ExpertArgs& a, bool gate_up) {
   if (!g_expert_ksplit_on.load(std::memory_order_relaxed) || expert_mma_mode_used(a, gate_up) == 0) return 1;
@@ -2872,8 +2876,13 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, true, C>, sm), launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, true), expert_mma_parts(a, true)); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false); break;
+        case kFP4: {
+          const int mode = expert_mma_launch_mode(a, true);
+          allow_smem(expert_ring_kernel<kFP4, true, C>, sm);
+          launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, true), expert_stage_once(mode, hs));
+          break;
+        }
         default: fail("expert_gate_up: no ring kernel for this format");
       }
     };
@@ -2970,8 +2979,13 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     auto go = [&](auto cfg) {
       using C = decltype(cfg);
       switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1); break;
-        case kFP4: allow_smem(expert_ring_kernel<kFP4, false, C>, sm), launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, expert_mma_launch_mode(a, false), expert_mma_parts(a, false)); break;
+        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false); break;
+        case kFP4: {
+          const int mode = expert_mma_launch_mode(a, false);
+          allow_smem(expert_ring_kernel<kFP4, false, C>, sm);
+          launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, false), expert_stage_once(mode, hs));
+          break;
+        }
         default: fail("expert_down: no ring kernel for this format");
       }
     };

@@ -349,6 +349,10 @@ int64_t expert_mma_launches();
 // DSV4_EXPERT_KSPLIT=0: always 1 (A/B). Another summation order of the same function (the op test bounds it).
 int expert_mma_parts(const ExpertArgs& a, bool gate_up);
 void set_expert_ksplit(bool on);
+// The decode expert launches with the fused shared expert on the MMAs stage both walks' inputs once, in the first
+// walk (default; bit-identical: the same staging, fewer block barriers: gate/up 1 instead of 3, down 2 instead of 3). set_expert_stage_once(false)
+// / DSV4_EXPERT_STAGE_ONCE=0: each walk stages its own (A/B, and the op test's bit-identity check).
+void set_expert_stage_once(bool on);
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);

@@ -496,28 +496,22 @@ __device__ __forceinline__ void hc_sinkhorn_core(float (&c)[HC][HC], float eps, 
 #pragma unroll
     for (int k = 0; k < HC; ++k) c[j][k] = div_corrected(c[j][k], sum, r) + eps;
   }
+  // One row or column (at(i): its element i) divided by its sum + eps.
+  auto normalise = [&](auto at) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HC; ++i) s += at(i);
+    s += eps;
+    const float r = rcp_approx(s);
+#pragma unroll
+    for (int i = 0; i < HC; ++i) at(i) = div_corrected(at(i), s, r);
+  };
   for (int it = 0; it < iters; ++it) {
     if (it > 0)
 #pragma unroll
-      for (int j = 0; j < HC; ++j) {
-        float s = 0.0f;
+      for (int j = 0; j < HC; ++j) normalise([&](int k) -> float& { return c[j][k]; });
 #pragma unroll
-        for (int k = 0; k < HC; ++k) s += c[j][k];
-        s += eps;
-        const float r = rcp_approx(s);
-#pragma unroll
-        for (int k = 0; k < HC; ++k) c[j][k] = div_corrected(c[j][k], s, r);
-      }
-#pragma unroll
-    for (int k = 0; k < HC; ++k) {
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < HC; ++j) s += c[j][k];
-      s += eps;
-      const float r = rcp_approx(s);
-#pragma unroll
-      for (int j = 0; j < HC; ++j) c[j][k] = div_corrected(c[j][k], s, r);
-    }
+    for (int k = 0; k < HC; ++k) normalise([&](int j) -> float& { return c[j][k]; });
   }
 }
 // comb of token t from the logits a consuming post finds in comb_in (deferred Sinkhorn; HC 4): every thread of the

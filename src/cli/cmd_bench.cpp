@@ -88,62 +88,88 @@ StepBytes layer_bytes(const dsv4::ModelConfig& c, const dsv4::LayerWeights& L, i
 
 // --trace-steps: a fresh decode recording whose launches are remembered by name, then `n` replays with every kernel
 // stamping its dependency release (cuda_trace_begin). Kernel i's cost = stamp(i + 1) - stamp(i): the time it adds to
-// the step's critical path, PDL overlap and gaps included. Medians over the replays, summed by kernel name.
+// the step's critical path, PDL overlap and gaps included. Means over the replays, summed by kernel name. Under TP
+// every rank's device is traced (each with its own clock): rank 0's table, then each kernel's cost on every rank
+// side by side -- a kernel slower on one rank shows up there, and as waiting in the next all-reduce on the others.
 template <typename Step>
-void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, double step_us, int layers) {
+void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, double step_us, int layers, int tp) {
   dsv4::Forward fwd(model, 1);
   step(fwd, false);  // eager
   dsv4::cuda_trace_record_launches(true);
   step(fwd, false);  // recorded: the graph's kernels in launch order
   dsv4::cuda_trace_record_launches(false);
-  const std::vector<std::string> names = dsv4::cuda_trace_launch_names();
-  const size_t K = names.size();
+  std::vector<int> devs;
+  for (int d = 0; d < tp; ++d) devs.push_back(d);
+  std::vector<std::vector<std::string>> names;
+  for (int d : devs) names.push_back(dsv4::cuda_trace_launch_names(d));
+  const size_t K = names[0].size();
   if (K < 2) fail("--trace-steps: the recorded decode step launched ", K, " kernels through kernels.cu");
+  for (size_t r = 1; r < names.size(); ++r)
+    if (names[r] != names[0]) fail("--trace-steps: rank ", r, " launched another kernel sequence than rank 0");
   be.synchronize();
-  dsv4::cuda_trace_begin(static_cast<int64_t>(K) * n + 64);
+  dsv4::cuda_trace_begin(static_cast<int64_t>(K) * n + 64, devs);
   for (int i = 0; i < n; ++i) step(fwd, false);
-  const std::vector<uint64_t> t = dsv4::cuda_trace_end();
-  if (t.size() != K * static_cast<size_t>(n))
-    fail("--trace-steps: ", t.size(), " stamps for ", n, " steps of ", K, " kernels: some kernel launched through "
-         "kernels.cu does not call pdl_wait() (or a kernel ran outside the recording)");
+  std::vector<std::vector<uint64_t>> t;
+  for (int d : devs) t.push_back(dsv4::cuda_trace_end(d));
+  for (size_t r = 0; r < t.size(); ++r)
+    if (t[r].size() != K * static_cast<size_t>(n))
+      fail("--trace-steps: rank ", r, ": ", t[r].size(), " stamps for ", n, " steps of ", K, " kernels: some kernel "
+           "launched through kernels.cu does not call pdl_wait() (or a kernel ran outside the recording)");
   // Per position in the step: mean over replays of the gap to the next kernel's stamp (the last kernel: none). Means,
   // not medians: %globaltimer may tick in ~1 us steps, and a mean over replays resolves below the tick.
-  auto gap = [&](size_t a, size_t b) { return static_cast<double>(static_cast<int64_t>(t[b] - t[a])) * 1e-3; };
-  std::vector<double> cost(K - 1, 0.0);
-  for (size_t i = 0; i + 1 < K; ++i) {
-    for (int r = 0; r < n; ++r) cost[i] += gap(r * K + i, r * K + i + 1);
-    cost[i] /= n;
-  }
+  auto gap = [&](size_t rk, size_t a, size_t b) { return static_cast<double>(static_cast<int64_t>(t[rk][b] - t[rk][a])) * 1e-3; };
+  std::vector<std::vector<double>> cost(t.size(), std::vector<double>(K - 1, 0.0));
+  for (size_t rk = 0; rk < t.size(); ++rk)
+    for (size_t i = 0; i + 1 < K; ++i) {
+      for (int r = 0; r < n; ++r) cost[rk][i] += gap(rk, r * K + i, r * K + i + 1);
+      cost[rk][i] /= n;
+    }
   std::vector<double> span;
-  for (int r = 0; r < n; ++r) span.push_back(gap(r * K, r * K + K - 1));
+  for (int r = 0; r < n; ++r) span.push_back(gap(0, r * K, r * K + K - 1));
+  const std::vector<std::string>& nm0 = names[0];
   std::vector<std::string> order;
-  std::map<std::string, std::pair<int, double>> agg;
+  std::map<std::string, std::pair<int, std::vector<double>>> agg;  // name -> count, summed cost per rank
   for (size_t i = 0; i + 1 < K; ++i) {
-    auto [it, fresh] = agg.try_emplace(names[i], 0, 0.0);
-    if (fresh) order.push_back(names[i]);
+    auto [it, fresh] = agg.try_emplace(nm0[i], 0, std::vector<double>(t.size(), 0.0));
+    if (fresh) order.push_back(nm0[i]);
     it->second.first += 1;
-    it->second.second += cost[i];
+    for (size_t rk = 0; rk < t.size(); ++rk) it->second.second[rk] += cost[rk][i];
   }
-  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) { return agg[a].second > agg[b].second; });
-  const double total = std::accumulate(cost.begin(), cost.end(), 0.0);
-  std::printf("  decode step as traced (%d replays, %zu kernels; first stamp to last: median %.1f us, the timed step "
-              "%.1f us):\n", n, K, median(span), step_us);
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) { return agg[a].second[0] > agg[b].second[0]; });
+  const double total = std::accumulate(cost[0].begin(), cost[0].end(), 0.0);
+  std::printf("  decode step as traced%s (%d replays, %zu kernels; first stamp to last: median %.1f us, the timed step "
+              "%.1f us):\n", tp > 1 ? " on rank 0" : "", n, K, median(span), step_us);
   std::printf("    %9s %6s %5s %9s %9s  kernel\n", "us/step", "share", "count", "us each", "us/layer");
   for (const auto& nm : order) {
     const auto& [c, us] = agg[nm];
-    std::printf("    %9.1f %5.1f%% %5d %9.2f %9.2f  %s\n", us, 100.0 * us / total, c, us / c, us / layers,
+    std::printf("    %9.1f %5.1f%% %5d %9.2f %9.2f  %s\n", us[0], 100.0 * us[0] / total, c, us[0] / c, us[0] / layers,
                 nm.substr(0, 90).c_str());
+  }
+  if (tp > 1) {
+    std::printf("  us per layer on each rank (its own clock; the step: rank 0 %.1f", total / layers);
+    for (size_t rk = 1; rk < t.size(); ++rk)
+      std::printf(", rank %zu %.1f", rk, std::accumulate(cost[rk].begin(), cost[rk].end(), 0.0) / layers);
+    std::printf("):\n");
+    for (const auto& nm : order) {
+      std::printf("   ");
+      for (size_t rk = 0; rk < t.size(); ++rk) std::printf(" %8.2f", agg[nm].second[rk] / layers);
+      std::printf("  %s\n", nm.substr(0, 80).c_str());
+    }
   }
   // One layer in order (layer 2: Flash's first CSA layer), so the chain of a layer can be read. Layers are found by
   // their mHC pre-mix kernels (two per layer: attention and FFN; fused with the post before them but in layer 0's
   // attention pre).
   std::vector<size_t> mix;
   for (size_t i = 0; i < K; ++i)
-    if (names[i].rfind("hc_mix_kernel", 0) == 0 || names[i].rfind("hc_post_mix_kernel", 0) == 0) mix.push_back(i);
+    if (nm0[i].rfind("hc_mix_kernel", 0) == 0 || nm0[i].rfind("hc_post_mix_kernel", 0) == 0) mix.push_back(i);
   if (layers >= 3 && mix.size() >= 6) {
     const size_t from = mix[4], to = mix.size() > 6 ? mix[6] : K - 1;
-    std::printf("  layer 2 in launch order (us on the critical path, mean over replays):\n");
-    for (size_t i = from; i < std::min(K - 1, to); ++i) std::printf("    %7.2f  %s\n", cost[i], names[i].substr(0, 90).c_str());
+    std::printf("  layer 2 in launch order (us on the critical path, mean over replays%s):\n", tp > 1 ? "; one column per rank" : "");
+    for (size_t i = from; i < std::min(K - 1, to); ++i) {
+      std::printf("   ");
+      for (size_t rk = 0; rk < t.size(); ++rk) std::printf(" %7.2f", cost[rk][i]);
+      std::printf("  %s\n", nm0[i].substr(0, 90).c_str());
+    }
   }
 }
 
@@ -275,7 +301,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     dsv4::cuda_set_op_profiling(*be, false);
     std::fprintf(stderr, "[bench] per-op profile done\n");
   }
-  if (trace_steps > 0) print_trace(model, *be, step, trace_steps, median(t_layers), layers);
+  if (trace_steps > 0) print_trace(model, *be, step, trace_steps, median(t_layers), layers, tp);
   if (profile_steps > 0) {  // the same recorded graph as the timed steps, so the profiler sees exactly those kernels
     be->synchronize();
     dsv4::cuda_profiler_range(true);

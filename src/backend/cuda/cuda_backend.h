@@ -58,12 +58,13 @@ double cuda_read_bandwidth(int device, size_t bytes);
 // cudaProfilerStart / cudaProfilerStop: brackets work for an external profiler started with collection off
 // (`ncu --profile-from-start off`, tools/gpu/profile_decode.sh).
 void cuda_profiler_range(bool start);
-// Decode tracing on the current GPU (cuda::trace_* in ops.h): the kernels launched while recording (names, in
-// order), and each kernel's dependency-release time stamp while tracing (`dsv4 bench --trace-steps`).
+// Decode tracing (cuda::trace_* in ops.h), per GPU (under TP: per rank's device): the kernels launched while
+// recording (names, in order), and each kernel's dependency-release time stamp while tracing (`dsv4 bench
+// --trace-steps`).
 void cuda_trace_record_launches(bool on);
-std::vector<std::string> cuda_trace_launch_names();
-void cuda_trace_begin(int64_t capacity);
-std::vector<uint64_t> cuda_trace_end();
+std::vector<std::string> cuda_trace_launch_names(int device);
+void cuda_trace_begin(int64_t capacity, const std::vector<int>& devices);
+std::vector<uint64_t> cuda_trace_end(int device);
 
 namespace cuda_detail {  // between the single-GPU backend and the TP backend
 std::vector<std::pair<std::string, double>> op_profile(Backend& rank);

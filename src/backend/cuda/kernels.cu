@@ -44,7 +44,7 @@ std::atomic<bool> g_pdl_allowed{true};  // set_pdl(): the tensor-parallel backen
 // Launch tracing (trace_record_launches): the kernels launch() issued, in order, while recording is on.
 std::atomic<bool> g_trace_names_on{false};
 std::mutex g_trace_mu;
-std::vector<const void*> g_trace_funcs;
+std::map<int, std::vector<const void*>> g_trace_funcs;  // per device (under TP: per rank)
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
@@ -67,10 +67,8 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   if (g_trace_names_on.load(std::memory_order_relaxed)) {
     int dev = -1;
     (void)cudaGetDevice(&dev);
-    if (dev == 0) {  // the trace follows cuda:0 (under TP: rank 0), whose kernels stamp
-      std::lock_guard<std::mutex> lock(g_trace_mu);
-      g_trace_funcs.push_back(reinterpret_cast<const void*>(kernel));
-    }
+    std::lock_guard<std::mutex> lock(g_trace_mu);
+    g_trace_funcs[dev].push_back(reinterpret_cast<const void*>(kernel));
   }
   DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
@@ -2788,6 +2786,32 @@ std::atomic<bool> g_expert_stage_once_on{switch_on("DSV4_EXPERT_STAGE_ONCE")};
 void set_expert_stage_once(bool on) { g_expert_stage_once_on.store(on, std::memory_order_relaxed); }
 // The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
 bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
+// The decode ring launch of expert_gate_up (GATE_UP) / expert_down: one persistent pass over the k selected experts
+// (and the fused shared expert, `shared`: its w1|w3 pair or its w2), FP8 experts on the FMA ring walk, MXFP4 ones on
+// the MMA walks where expert_mma_mode allows.
+template <bool GATE_UP>
+void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, cudaStream_t s) {
+  using C = RingA;
+  const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, GATE_UP)) * 4;
+  const bool hs = shared != nullptr;
+  const WRow sh = hs ? wrow(*shared) : WRow{};
+  const dim3 grid(static_cast<unsigned>(sm_count()));
+  switch (fmt_of(a.fmt)) {
+    case kFP8:
+      allow_smem(expert_ring_kernel<kFP8, GATE_UP, C>, sm);
+      launch(expert_ring_kernel<kFP8, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false);
+      break;
+    case kFP4: {
+      const int mode = expert_mma_launch_mode(a, GATE_UP);
+      allow_smem(expert_ring_kernel<kFP4, GATE_UP, C>, sm);
+      launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, GATE_UP),
+             expert_stage_once(mode, hs));
+      break;
+    }
+    default: fail(GATE_UP ? "expert_gate_up" : "expert_down", ": no ring kernel for this format");
+  }
+  DSV4_LAUNCHED();
+}
 void set_expert_ksplit(bool on) { g_expert_ksplit_on.store(on, std::memory_order_relaxed); }
 int expert_mma_parts(const ExpertArgs& a, bool gate_up) {
   if (!g_expert_ksplit_on.load(std::memory_order_relaxed) || expert_mma_mode_used(a, gate_up) == 0) return 1;
@@ -2863,25 +2887,7 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
     return;
   }
   if (expert_ring_fits(a, ring_x_floats(a, true))) {  // decode: all k experts (and the shared one) through the ring
-    const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, true)) * 4;
-    const bool hs = a.shared13 != nullptr;
-    const WRow sh = hs ? wrow(*a.shared13) : WRow{};
-    const dim3 grid(static_cast<unsigned>(sm_count()));
-    auto go = [&](auto cfg) {
-      using C = decltype(cfg);
-      switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, true, C>, sm), launch(expert_ring_kernel<kFP8, true, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false); break;
-        case kFP4: {
-          const int mode = expert_mma_launch_mode(a, true);
-          allow_smem(expert_ring_kernel<kFP4, true, C>, sm);
-          launch(expert_ring_kernel<kFP4, true, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, true), expert_stage_once(mode, hs));
-          break;
-        }
-        default: fail("expert_gate_up: no ring kernel for this format");
-      }
-    };
-    go(RingA{});
-    DSV4_LAUNCHED();
+    launch_expert_ring<true>(a, blk, a.shared13, s);
     return;
   }
   if (a.n == 1 && a.k <= kTilesMaxK && use_xs(a.d)) {  // decode: one persistent pass over all k experts
@@ -2966,25 +2972,7 @@ void expert_down(const ExpertArgs& a, cudaStream_t s) {
     return;
   }
   if (expert_ring_fits(a, ring_x_floats(a, false))) {  // decode: all k act rows (and the shared one) staged, ring
-    const size_t sm = kRingBytes + static_cast<size_t>(ring_x_floats(a, false)) * 4;
-    const bool hs = a.shared2 != nullptr;
-    const WRow sh = hs ? wrow(*a.shared2) : WRow{};
-    const dim3 grid(static_cast<unsigned>(sm_count()));
-    auto go = [&](auto cfg) {
-      using C = decltype(cfg);
-      switch (fmt_of(a.fmt)) {
-        case kFP8: allow_smem(expert_ring_kernel<kFP8, false, C>, sm), launch(expert_ring_kernel<kFP8, false, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false); break;
-        case kFP4: {
-          const int mode = expert_mma_launch_mode(a, false);
-          allow_smem(expert_ring_kernel<kFP4, false, C>, sm);
-          launch(expert_ring_kernel<kFP4, false, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, false), expert_stage_once(mode, hs));
-          break;
-        }
-        default: fail("expert_down: no ring kernel for this format");
-      }
-    };
-    go(RingA{});
-    DSV4_LAUNCHED();
+    launch_expert_ring<false>(a, blk, a.shared2, s);
     return;
   }
   if (a.n == 1 && a.k <= kTilesMaxK && use_xs(static_cast<int64_t>(a.k) * a.I)) {  // decode: all k act rows staged
@@ -3055,11 +3043,12 @@ void trace_record_launches(bool on) {
   g_trace_names_on.store(on, std::memory_order_relaxed);
 }
 
-std::vector<std::string> trace_launch_names() {
+std::vector<std::string> trace_launch_names(int device) {
   std::vector<const void*> funcs;
   {
     std::lock_guard<std::mutex> lock(g_trace_mu);
-    funcs.swap(g_trace_funcs);
+    auto it = g_trace_funcs.find(device);
+    if (it != g_trace_funcs.end()) funcs.swap(it->second);
   }
   std::vector<std::string> names;
   names.reserve(funcs.size());
@@ -3085,37 +3074,43 @@ std::vector<std::string> trace_launch_names() {
 }
 
 namespace {
-unsigned long long* g_trace_dev = nullptr;  // the buffer trace_begin allocated (on cuda:0)
+// The buffers trace_begin allocated, one per traced device; each device's symbols point at its own buffer.
+std::map<int, unsigned long long*> g_trace_dev;
 int64_t g_trace_capacity = 0;
-// The trace is cuda:0's (under TP: rank 0's): its symbols and buffer are set and read there, whatever device the
-// calling thread has current; the caller's device is restored.
-struct OnDevice0 {
+struct OnDevice {  // the calling thread's current device is restored
   int prev = 0;
-  OnDevice0() {
+  explicit OnDevice(int d) {
     DSV4_CU(cudaGetDevice(&prev));
-    DSV4_CU(cudaSetDevice(0));
+    DSV4_CU(cudaSetDevice(d));
   }
-  ~OnDevice0() { (void)cudaSetDevice(prev); }
+  ~OnDevice() { (void)cudaSetDevice(prev); }
 };
 }  // namespace
 
-void trace_begin(int64_t capacity) {
-  if (g_trace_dev) fail("trace_begin: a trace is already running");
+void trace_begin(int64_t capacity, const std::vector<int>& devices) {
+  if (!g_trace_dev.empty()) fail("trace_begin: a trace is already running");
   if (capacity <= 0 || capacity > (int64_t{1} << 30)) fail("trace_begin: capacity ", capacity, " out of range");
-  OnDevice0 on0;
-  DSV4_CU(cudaDeviceSynchronize());
-  DSV4_CU(cudaMalloc(&g_trace_dev, static_cast<size_t>(capacity) * sizeof(unsigned long long)));
+  if (devices.empty()) fail("trace_begin: no device to trace");
   g_trace_capacity = capacity;
-  const unsigned int cap = static_cast<unsigned int>(capacity), zero = 0;
-  DSV4_CU(cudaMemcpyToSymbol(g_trace_cap, &cap, sizeof cap));
-  DSV4_CU(cudaMemcpyToSymbol(g_trace_n, &zero, sizeof zero));
-  DSV4_CU(cudaMemcpyToSymbol(g_trace_buf, &g_trace_dev, sizeof g_trace_dev));
-  DSV4_CU(cudaDeviceSynchronize());
+  for (int d : devices) {
+    if (g_trace_dev.count(d)) fail("trace_begin: device ", d, " listed twice");
+    OnDevice on(d);
+    DSV4_CU(cudaDeviceSynchronize());
+    unsigned long long* buf = nullptr;
+    DSV4_CU(cudaMalloc(&buf, static_cast<size_t>(capacity) * sizeof(unsigned long long)));
+    g_trace_dev[d] = buf;
+    const unsigned int cap = static_cast<unsigned int>(capacity), zero = 0;
+    DSV4_CU(cudaMemcpyToSymbol(g_trace_cap, &cap, sizeof cap));
+    DSV4_CU(cudaMemcpyToSymbol(g_trace_n, &zero, sizeof zero));
+    DSV4_CU(cudaMemcpyToSymbol(g_trace_buf, &buf, sizeof buf));
+    DSV4_CU(cudaDeviceSynchronize());
+  }
 }
 
-std::vector<uint64_t> trace_end() {
-  if (!g_trace_dev) fail("trace_end: no trace running");
-  OnDevice0 on0;
+std::vector<uint64_t> trace_end(int device) {
+  auto it = g_trace_dev.find(device);
+  if (it == g_trace_dev.end()) fail("trace_end: device ", device, " is not being traced");
+  OnDevice on(device);
   DSV4_CU(cudaDeviceSynchronize());
   unsigned long long* none = nullptr;
   DSV4_CU(cudaMemcpyToSymbol(g_trace_buf, &none, sizeof none));
@@ -3123,11 +3118,11 @@ std::vector<uint64_t> trace_end() {
   DSV4_CU(cudaMemcpyFromSymbol(&n, g_trace_n, sizeof n));
   const int64_t got = std::min<int64_t>(n, g_trace_capacity);
   std::vector<uint64_t> t(static_cast<size_t>(got));
-  if (got > 0) DSV4_CU(cudaMemcpy(t.data(), g_trace_dev, static_cast<size_t>(got) * 8, cudaMemcpyDeviceToHost));
-  DSV4_CU(cudaFree(g_trace_dev));
-  g_trace_dev = nullptr;
+  if (got > 0) DSV4_CU(cudaMemcpy(t.data(), it->second, static_cast<size_t>(got) * 8, cudaMemcpyDeviceToHost));
+  DSV4_CU(cudaFree(it->second));
+  g_trace_dev.erase(it);
   if (static_cast<int64_t>(n) > g_trace_capacity)
-    fail("trace_end: ", n, " kernels stamped, capacity ", g_trace_capacity, " (raise it)");
+    fail("trace_end: ", n, " kernels stamped on device ", device, ", capacity ", g_trace_capacity, " (raise it)");
   return t;
 }
 

@@ -383,14 +383,16 @@ void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, boo
 // peer all-reduce (peer_allreduce.h), TP turns it on inside decode steps only.
 void set_pdl(bool allowed);
 // Decode tracing (dsv4 bench --trace-steps): trace_record_launches(true) remembers every kernel launched through
-// kernels.cu from then on (e.g. while a decode graph is captured), trace_launch_names() returns them demangled, in
-// launch order, and clears the list. trace_begin(capacity): from then on one thread of block 0 of every such kernel
-// stores %globaltimer (ns) when its dependency on the previous kernel is released (after griddepcontrol.wait);
-// trace_end() returns the stamps in that order (current device; throws if more than `capacity` were stamped).
+// kernels.cu from then on, per device (e.g. while a decode graph is captured on every TP rank),
+// trace_launch_names(device) returns that device's, demangled, in launch order, and clears them. trace_begin(capacity,
+// devices): from then on one thread of block 0 of every such kernel on those devices stores %globaltimer (ns) when
+// its dependency on the previous kernel is released (after griddepcontrol.wait); trace_end(device) returns that
+// device's stamps in that order and stops its trace (throws if more than `capacity` were stamped). Each device has
+// its own clock: compare durations across devices, not stamps.
 void trace_record_launches(bool on);
-std::vector<std::string> trace_launch_names();
-void trace_begin(int64_t capacity);
-std::vector<uint64_t> trace_end();
+std::vector<std::string> trace_launch_names(int device);
+void trace_begin(int64_t capacity, const std::vector<int>& devices);
+std::vector<uint64_t> trace_end(int device);
 
 // Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s);

@@ -487,9 +487,9 @@ const char* cuda_allreduce_kind(Backend&, size_t) { return "none"; }
 namespace dsv4 {
 void cuda_profiler_range(bool start) { DSV4_CU(start ? cudaProfilerStart() : cudaProfilerStop()); }
 void cuda_trace_record_launches(bool on) { cuda::trace_record_launches(on); }
-std::vector<std::string> cuda_trace_launch_names() { return cuda::trace_launch_names(); }
-void cuda_trace_begin(int64_t capacity) { cuda::trace_begin(capacity); }
-std::vector<uint64_t> cuda_trace_end() { return cuda::trace_end(); }
+std::vector<std::string> cuda_trace_launch_names(int device) { return cuda::trace_launch_names(device); }
+void cuda_trace_begin(int64_t capacity, const std::vector<int>& devices) { cuda::trace_begin(capacity, devices); }
+std::vector<uint64_t> cuda_trace_end(int device) { return cuda::trace_end(device); }
 
 double cuda_read_bandwidth(int device, size_t bytes) {
   DSV4_CU(cudaSetDevice(device));

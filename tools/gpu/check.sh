@@ -11,7 +11,7 @@
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
 # per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0);
-# AB_TP likewise with --tp 2 on two GPUs;
+# AB_TP likewise with --tp 2 on two GPUs; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -148,6 +148,12 @@ if [ -n "${TRACE:-}" ]; then
     step trace_tp2 180 "$DSV4" bench --synthetic flash --layers 4 --tp 2 --context 8192 --prompt 256 --trace-steps 30
     grep -v '^\[bench\]' "$OUT/trace_tp2.log" | grep -v '^{' >> "$SUMMARY"
   fi
+fi
+
+# PROBE=FILE.cu: build a standalone probe (tools/gpu/probes) for this GPU and run it; its output goes to the summary.
+if [ -n "${PROBE:-}" ]; then
+  step probe_build 120 nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a "$ROOT/$PROBE" -o "$BUILD/probe" &&
+    step probe 120 "$BUILD/probe" && cat "$OUT/probe.log" >> "$SUMMARY"
 fi
 
 # AB="VAR1 VAR2=V ...": the 20-layer Flash bench (2K prompt) once per entry (VAR alone: VAR=0), after one with none.

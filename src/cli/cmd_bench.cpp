@@ -199,7 +199,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       ->check(CLI::Range(0, 100));
   app.add_option("--trace-steps", trace_steps,
                  "after the timing, replay this many decode steps with every kernel stamping the moment its "
-                 "predecessor completed, and print each kernel's share of the step as the graph really runs (rank 0 under --tp; "
+                 "predecessor completed, and print each kernel's share of the step as the graph really runs (under --tp every rank, "
+                 "each on its own clock, side by side; "
                  "the side streams (shared expert, compressor / indexer) are turned off for the whole run so that the stream is linear)")
       ->check(CLI::Range(0, 1000));
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;

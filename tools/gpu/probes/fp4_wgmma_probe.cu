@@ -98,18 +98,21 @@ __global__ void __launch_bounds__(512, 1) probe(const uint8_t* __restrict__ g, f
       acc8 = fmaf(D[c][2], e8m0(S[(wr + g8 + 8) * kChunks + ch]) * xsf, acc8);
     }
   };
-  auto build_a = [&](uint32_t (&A)[4][4], int st) {  // E2M1 -> E4M3 registers of the step's 4 chunks
+  // f(c, wg, wg8) for the step's 4 chunks: the lane's weight words of rows g and g + 8 (two ldmatrix.x4).
+  auto for_chunk_words = [&](int st, auto f) {
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       uint32_t w[4];
       ldmatrix_x4(w, chunk_at(lrow, 4 * st + lch + 2 * p));
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = 2 * p + h;
-        A[c][0] = e2m1_lo_e4m3(w[2 * h]), A[c][1] = e2m1_lo_e4m3(w[2 * h + 1]);
-        A[c][2] = e2m1_hi_e4m3(w[2 * h]), A[c][3] = e2m1_hi_e4m3(w[2 * h + 1]);
-      }
+      for (int h = 0; h < 2; ++h) f(2 * p + h, w[2 * h], w[2 * h + 1]);
     }
+  };
+  auto build_a = [&](uint32_t (&A)[4][4], int st) {  // E2M1 -> E4M3 registers of the step's 4 chunks
+    for_chunk_words(st, [&](int c, uint32_t wg, uint32_t wg8) {
+      A[c][0] = e2m1_lo_e4m3(wg), A[c][1] = e2m1_lo_e4m3(wg8);
+      A[c][2] = e2m1_hi_e4m3(wg), A[c][3] = e2m1_hi_e4m3(wg8);
+    });
   };
   auto issue_wgmma = [&](float (&D)[4][4], const uint32_t (&A)[4][4], int st) {
 #pragma unroll
@@ -157,22 +160,14 @@ __global__ void __launch_bounds__(512, 1) probe(const uint8_t* __restrict__ g, f
     for (int st = 0; st < kK / 128; ++st) {  // 4 chunks (128 columns) per step
       float D[4][4];
       if constexpr (V == 2) {
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          uint32_t w[4];
-          ldmatrix_x4(w, chunk_at(lrow, 4 * st + lch + 2 * p));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int c = 2 * p + h;
-            const uint32_t wg = w[2 * h], wg8 = w[2 * h + 1];
-            // k order per lane t: MMA 1 k 2t..2t+1 = columns 8t, 8t+4 and k 2t+8.. = 8t+1, 8t+5; MMA 2 the same with
-            // 8t+2, 8t+6 / 8t+3, 8t+7 -- the f16 activation is staged in that order (16 bytes per lane and chunk).
-            const uint4 xb = *reinterpret_cast<const uint4*>(sm + kOffXH + 2 * (32 * (4 * st + c) + 8 * t4));
-            D[c][0] = D[c][1] = D[c][2] = D[c][3] = 0.0f;
-            mma_f16(D[c], e2m1_pair_f16<0>(wg), e2m1_pair_f16<0>(wg8), e2m1_pair_f16<1>(wg), e2m1_pair_f16<1>(wg8), xb.x, xb.y);
-            mma_f16(D[c], e2m1_pair_f16<2>(wg), e2m1_pair_f16<2>(wg8), e2m1_pair_f16<3>(wg), e2m1_pair_f16<3>(wg8), xb.z, xb.w);
-          }
-        }
+        for_chunk_words(st, [&](int c, uint32_t wg, uint32_t wg8) {
+          // k order per lane t: MMA 1 k 2t..2t+1 = columns 8t, 8t+4 and k 2t+8.. = 8t+1, 8t+5; MMA 2 the same with
+          // 8t+2, 8t+6 / 8t+3, 8t+7 -- the f16 activation is staged in that order (16 bytes per lane and chunk).
+          const uint4 xb = *reinterpret_cast<const uint4*>(sm + kOffXH + 2 * (32 * (4 * st + c) + 8 * t4));
+          D[c][0] = D[c][1] = D[c][2] = D[c][3] = 0.0f;
+          mma_f16(D[c], e2m1_pair_f16<0>(wg), e2m1_pair_f16<0>(wg8), e2m1_pair_f16<1>(wg), e2m1_pair_f16<1>(wg8), xb.x, xb.y);
+          mma_f16(D[c], e2m1_pair_f16<2>(wg), e2m1_pair_f16<2>(wg8), e2m1_pair_f16<3>(wg), e2m1_pair_f16<3>(wg8), xb.z, xb.w);
+        });
       } else {
         uint32_t A[4][4];
         build_a(A, st);

@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "backend/cpu/cpu_math.h"
+#include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/ops.h"
 #include "checkpoint/linear.h"
 #include "numeric/codecs.h"
@@ -627,6 +629,19 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
   cu::DevLinear S13 = cu::upload_linear(make_linear(WeightFormat::FP8_E8M0, 2 * I, d, g)->ref);
   cu::DevLinear S2 = cu::upload_linear(make_linear(WeightFormat::FP8_E8M0, d, I, g)->ref);
   DBuf<cu::DevExpert> dtable(table);
+  // The experts' tile-major copies (expert_tiles.h) in a table whose row-major pointers are null: a walk on it can
+  // only have read the tiles.
+  vector<std::unique_ptr<DBuf<uint8_t>>> tile_bufs;
+  vector<cu::DevExpert> tiled(table.size());
+  for (size_t e = 0; e < table.size(); ++e) {
+    tile_bufs.push_back(std::make_unique<DBuf<uint8_t>>(static_cast<size_t>(cu::tile_bytes(true, d, I))));
+    tiled[e].t13 = tile_bufs.back()->p;
+    tile_bufs.push_back(std::make_unique<DBuf<uint8_t>>(static_cast<size_t>(cu::tile_bytes(false, d, I))));
+    tiled[e].t2 = tile_bufs.back()->p;
+    cu::build_expert_tiles(table[e], WeightFormat::MXFP4, d, I, d / 32, I / 32, const_cast<void*>(tiled[e].t13),
+                           const_cast<void*>(tiled[e].t2), nullptr);
+  }
+  DBuf<cu::DevExpert> dtiled(tiled);
   DBuf<int32_t> dsel(vector<int32_t>{5, 1, 7, 0, 3, 6});
   DBuf<float> dwts(vector<float>{0.31f, 0.22f, 0.17f, 0.13f, 0.1f, 0.07f});
   auto block_scaled = [&](size_t n, int64_t row, float sd) {  // block b of row r: x 2^((3 b + r) % 7 - 3)
@@ -690,6 +705,23 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
       const auto a2 = act2.get(), yy2 = y2.get();
       EXPECT_EQ(0, std::memcmp(a2.data(), a1.data(), a1.size() * 4)) << "gate/up: staged once vs per walk";
       EXPECT_EQ(0, std::memcmp(yy2.data(), y1.data(), y1.size() * 4)) << "down: staged once vs per walk";
+    }
+    {
+      // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
+      // (down only where it is a ring launch: other down kernels read the row-major weights, null here).
+      DBuf<float> act3(static_cast<size_t>((k + 1) * I)), y3(static_cast<size_t>((k + 1) * d));
+      cu::ExpertArgs b = a, c = dn;
+      b.table = c.table = dtiled.p, b.tiles = c.tiles = true;
+      b.act = act3.p, c.act = act3.p, c.y = y3.p;
+      ASSERT_EQ(cu::expert_mma_mode_used(b, true), want_mode) << "tiles: the MMA walk runs (gate/up)";
+      cu::expert_gate_up(b, nullptr);
+      EXPECT_EQ(0, std::memcmp(act3.get().data(), a1.data(), a1.size() * 4)) << "gate/up: tile-major vs row-major";
+      if (down_ring) {
+        c.act_q = dact_in.p;
+        ASSERT_EQ(cu::expert_mma_mode_used(c, false), want_mode) << "tiles: the MMA walk runs (down)";
+        cu::expert_down(c, nullptr);
+        EXPECT_EQ(0, std::memcmp(y3.get().data(), y1.data(), y1.size() * 4)) << "down: tile-major vs row-major";
+      }
     }
     const size_t kI = static_cast<size_t>(k * I), kd = static_cast<size_t>(k * d);
     const Stats sa = cmp(part(a1, 0, kI), part(a0, 0, kI)), sy = cmp(part(y1, 0, kd), part(y0, 0, kd));

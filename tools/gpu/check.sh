@@ -10,8 +10,8 @@
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
-# per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0);
-# AB_TP likewise with --tp 2 on two GPUs; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
+# per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0;
+# AB_LAYERS=N other depths, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -156,26 +156,32 @@ if [ -n "${PROBE:-}" ]; then
     step probe 120 "$BUILD/probe" && cat "$OUT/probe.log" >> "$SUMMARY"
 fi
 
-# AB="VAR1 VAR2=V ...": the 20-layer Flash bench (2K prompt) once per entry (VAR alone: VAR=0), after one with none.
+# AB="VAR1 VAR2=V ...": the Flash bench (AB_LAYERS layers, default 20; 2K prompt) once per entry (VAR alone: VAR=0),
+# after one with none; AB_REPS=N repeats that sequence N times (base and variants alternate: drift shows).
+AB_LAYERS=${AB_LAYERS:-20}
 if [ -n "${AB:-}" ]; then
   ab_line() { grep -E "per layer|prefill [0-9]+ tokens" "$1" | tr -s ' ' | tr '\n' ' '; }
-  step ab_base 150 "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
-  note "- A/B base: $(ab_line "$OUT/ab_base.log")"
-  for v in $AB; do
-    case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
-    name=$(echo "$kv" | tr '=' '_')
-    step "ab_$name" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --context 8192 --prompt 2048
-    note "- A/B $kv: $(ab_line "$OUT/ab_$name.log")"
+  for rep in $(seq 1 "${AB_REPS:-1}"); do
+    step "ab_base_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt 2048
+    note "- A/B (${AB_LAYERS}L, rep $rep) base: $(ab_line "$OUT/ab_base_r$rep.log")"
+    for v in $AB; do
+      case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
+      name=$(echo "$kv" | tr '=' '_')
+      step "ab_${name}_r$rep" 150 env "$kv" "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt 2048
+      note "- A/B (${AB_LAYERS}L, rep $rep) $kv: $(ab_line "$OUT/ab_${name}_r$rep.log")"
+    done
   done
 fi
-# AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two.
+# AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two; AB_REPS as above.
 if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then
   abt_line() { grep -E "per layer" "$1" | tr -s ' ' | tr '\n' ' '; }
-  for v in base $AB_TP; do
-    case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
-    name=$(echo "$kv" | tr '=' '_')
-    step "abtp_$name" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt 2048
-    note "- A/B TP2 $kv: $(abt_line "$OUT/abtp_$name.log")"
+  for rep in $(seq 1 "${AB_REPS:-1}"); do
+    for v in base $AB_TP; do
+      case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
+      name=$(echo "$kv" | tr '=' '_')
+      step "abtp_${name}_r$rep" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt 2048
+      note "- A/B TP2 (rep $rep) $kv: $(abt_line "$OUT/abtp_${name}_r$rep.log")"
+    done
   done
 fi
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/peer_allreduce.h"
 #include "core/error.h"
@@ -147,6 +148,7 @@ struct DevLayer {
   float* gate_bias = nullptr;
   int32_t* tid2eid = nullptr;
   cuda::DevExpert* table = nullptr;  // device [E]
+  bool tiles = false;                 // every entry has its tile-major copies (DSV4_EXPERT_TILES=1)
   WeightFormat efmt = WeightFormat::MXFP4;
   int64_t esb1 = 0, esb2 = 0;
   bool has_shared = false;
@@ -851,7 +853,7 @@ class CudaBackend final : public Backend {
     cuda::router(r, s_);
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
-    a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2;
+    a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2, a.tiles = L.tiles;
     a.x = x, a.n = n, a.k = k, a.sel = sel, a.wts = wts, a.limit = static_cast<float>(c_.swiglu_limit);
     a.official = official_;
     a.act = act;
@@ -1194,6 +1196,18 @@ class CudaBackend final : public Backend {
     }
     if (static_cast<int>(table.size()) != c_.n_routed_experts)
       fail("layer ", lw.index, ": ", table.size(), " routed experts loaded, config says ", c_.n_routed_experts);
+    if (expert_tiles_requested() && L.efmt == WeightFormat::MXFP4 && cuda::tiles_shape_ok(c_.hidden, c_.moe_inter / tp_)) {
+      // Measurement mode: tile-major copies beside the row-major weights for the decode MMA walk (expert_tiles.h).
+      const int64_t d = c_.hidden, I = c_.moe_inter / tp_;
+      for (cuda::DevExpert& e : table) {
+        void* t13 = heap_.alloc(static_cast<size_t>(cuda::tile_bytes(true, d, I)));
+        void* t2 = heap_.alloc(static_cast<size_t>(cuda::tile_bytes(false, d, I)));
+        cuda::build_expert_tiles(e, L.efmt, d, I, L.esb1, L.esb2, t13, t2, nullptr);
+        e.t13 = t13, e.t2 = t2;
+      }
+      DSV4_CU(cudaDeviceSynchronize());
+      L.tiles = true;
+    }
     L.table = heap_.upload(table.data(), table.size());
     if (lw.shared) {
       L.has_shared = true;
@@ -1370,6 +1384,15 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // DSV4_EXPERT_TILES=1 (measurement mode): MXFP4 routed experts also get tile-major copies, which the decode MMA
+  // walk then reads (expert_tiles.h); their memory doubles.
+  static bool expert_tiles_requested() {
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_EXPERT_TILES");
+      return e && std::string(e) == "1";
+    }();
+    return on;
+  }
   static bool moe_fuse_shared_enabled() {  // DSV4_MOE_FUSE_SHARED=0: the shared expert's own kernels (A/B)
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FUSE_SHARED");

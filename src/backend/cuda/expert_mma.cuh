@@ -37,7 +37,7 @@ struct MmaCfg {
   // Byte offset of (row r, chunk c) in a step's weights, chunks swizzled so that the 8 rows one ldmatrix matrix reads
   // (one chunk) fall in 8 different 16-byte bank groups: rows 64 B apart (CPS 4) or 128 B apart (CPS 8).
   __device__ static __forceinline__ int piece(int r, int c) {
-    return CPS == 4 ? 64 * r + 16 * (c ^ ((r >> 1) & 3)) : 128 * r + 16 * (c ^ (r & 7));
+    return CPS == 4 ? tile_piece(r, c) : 128 * r + 16 * (c ^ (r & 7));  // tile_piece: expert_tiles.h
   }
 };
 constexpr size_t kMmaWarpBytes = MmaCfg<4>::WarpBytes > MmaCfg<8>::WarpBytes ? MmaCfg<4>::WarpBytes : MmaCfg<8>::WarpBytes;
@@ -103,13 +103,17 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
 // Like ring_walk: the first S - 1 steps' copies are issued before stage() (and before pdl_wait() when
 // WAIT_AFTER_PROLOGUE); every thread of the block must call it (barrier) -- unless !sync: then stage() must be a
 // no-op whose data an earlier barrier already published (a second walk whose input the first walk staged).
-template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, typename RowsOf, typename XCode, typename XScale, typename Flush,
-          typename Stage>
+// TILED (the routed MXFP4 walk only): rows_of(t) instead returns tile t's tile-major copy (expert_tiles.h: block
+// (t, 0); the blocks of its steps follow one another), and a step's 1,088 bytes -- already in the slot's layout --
+// are copied with 2-3 coalesced 16-byte copies per lane instead of the 16 rows' pieces and scale words.
+template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, bool TILED, typename RowsOf, typename XCode, typename XScale,
+          typename Flush, typename Stage>
 __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring,
                                          RowsOf rows_of, XCode xcode, XScale xscale, Flush flush, Stage stage,
                                          int parts = 1, int part = 0, int group = 0, int bar0 = 1, bool sync = true) {
   using M = MmaCfg<CPS>;
   static_assert(!W8 || CPS == 8, "the FP8 walk takes 128 columns (8 chunks) per step");
+  static_assert(!TILED || (CPS == 4 && !W8 && M::Step == kTileStepBytes), "tile-major blocks are the MXFP4 slot");
   constexpr int kS = M::S, kCols = CPS * (W8 ? 16 : 32);  // columns per step
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t col0 = part * (K / parts);  // this warp's first column
@@ -120,24 +124,34 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
   int lk = 0, lslot = 0;
   const uint8_t *lw0 = nullptr, *lw1 = nullptr, *ls = nullptr;
   auto load_rows = [&]() {
-    const uint8_t* unused;
-    rows_of(lt, g, lw0, unused);
-    rows_of(lt, g + 8, lw1, unused);
-    if (lane < 16) rows_of(lt, lane, unused, ls);
-    lw0 += wb0, lw1 += wb0;
-    if (lane < 16) ls += sb0;
+    if constexpr (TILED) {
+      lw0 = rows_of(lt) + (col0 / 128) * kTileStepBytes;  // this part's first step
+    } else {
+      const uint8_t* unused;
+      rows_of(lt, g, lw0, unused);
+      rows_of(lt, g + 8, lw1, unused);
+      if (lane < 16) rows_of(lt, lane, unused, ls);
+      lw0 += wb0, lw1 += wb0;
+      if (lane < 16) ls += sb0;
+    }
   };
   if (steps > 0) load_rows();
   auto issue = [&]() {
     uint8_t* slot = ring + lslot * M::Step;
+    if constexpr (TILED) {
+      const uint8_t* src = lw0 + static_cast<int64_t>(lk) * kTileStepBytes;
+      cp_async16(slot + lane * 16, src + lane * 16);
+      cp_async16(slot + 512 + lane * 16, src + 512 + lane * 16);
+      if (lane < 4) cp_async16(slot + 1024 + lane * 16, src + 1024 + lane * 16);
+    }
 #pragma unroll
-    for (int i = 0; i < CPS / 4; ++i) {
+    for (int i = 0; i < (TILED ? 0 : CPS / 4); ++i) {
       const int c = t4 + 4 * i;
       const int64_t off = static_cast<int64_t>(lk) * (16 * CPS) + c * 16;  // chunk CPS lk + c
       cp_async16(slot + M::piece(g, c), lw0 + off);
       cp_async16(slot + M::piece(g + 8, c), lw1 + off);
     }
-    if (lane < 16) {
+    if (!TILED && lane < 16) {
       if constexpr (W8 || CPS == 4) cp_async4(slot + M::StepW + lane * 4, ls + 4 * lk);  // W8: the step's fp32 scale
       else cp_async8(slot + M::StepW + lane * 8, ls + 8 * lk);
     }

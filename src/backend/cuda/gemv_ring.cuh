@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // K split 4 ways inside groups of 4 warps (mma_walk parts): 256 tiles x 4 parts keep ~8 warps per SM busy.
       static_assert(C::W == 16, "4 groups of 4 warps (named barriers 1..4)");
       const int64_t gwg = static_cast<int64_t>(warp / 4) * gridDim.x + blockIdx.x, nwg = static_cast<int64_t>(C::W / 4) * gridDim.x;
-      mma_walk<PRE, 8, true>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
+      mma_walk<PRE, 8, true, false>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
                              [&](int64_t) -> const uint8_t* { return xc2; }, [&](int64_t) -> const float* { return xsc2; },
                              flush2_m, [&] {
                                if constexpr (ROLE == 1) stage_routed_m(), load_selection();
@@ -385,10 +385,22 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // Named barriers 5.. (the shared walk's groups use 1..4 and may still be running in other warps of the block).
       // once: gate/up's shared walk staged this input (and published it with its barrier); down's walk stages the
       // shared walk's input too.
-      mma_walk<!GATE_UP, 4, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, [&] {
+      auto stage_m = [&] {
         if (!(GATE_UP && once)) stage_routed_m();
         if (!GATE_UP && once) stage_shared_m();
-      }, parts, warp % parts, warp / parts, 5, !(GATE_UP && once));
+      };
+      if (a.tiles) {  // the tile-major copies (expert_tiles.h): the same bytes per step, fetched contiguously
+        auto tile_of = [&](int64_t t) -> const uint8_t* {
+          const int j = static_cast<int>(t / per_m);
+          const int64_t rt = t - j * per_m;
+          return static_cast<const uint8_t*>(GATE_UP ? ex[j].t13 : ex[j].t2) + rt * (K / 128) * kTileStepBytes;
+        };
+        mma_walk<!GATE_UP, 4, false, true>(gwm, nwm, nt_m, K, ring, tile_of, xcode, xscale, flush_m, stage_m, parts,
+                                           warp % parts, warp / parts, 5, !(GATE_UP && once));
+      } else {
+        mma_walk<!GATE_UP, 4, false, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts,
+                                            warp % parts, warp / parts, 5, !(GATE_UP && once));
+      }
       if constexpr (!GATE_UP) {
         if (has_sh && once) walk_shared(std::false_type{}, Role2{});
         else if (has_sh) walk_shared(std::false_type{}, Role0{});

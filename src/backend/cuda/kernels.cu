@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/peer_allreduce.h"
 #include "core/error.h"
@@ -2125,10 +2126,9 @@ std::atomic<bool> g_ring_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 // Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
-// + mma_walk's part sums: a 1 KB function-level __shared__ buffer per instantiation, three per MXFP4 expert kernel (the
-// shared expert's walk as first and as second walk, and the routed walk; ptxas: 4,096 static bytes = 16 x 64 + 3 x 1024).
-// It said 2,048 before: ring_fits then admitted 1 KB too much (no model's shape fell in that gap).
-constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 3072;
+// + mma_walk's part sums: a 1 KB function-level __shared__ buffer per instantiation, four per MXFP4 expert kernel (the
+// shared expert's walk as first and as second walk, and the routed walk on row-major and on tile-major weights).
+constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 4096;
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
 // FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)
 // but has no op test at real shapes yet: it keeps the v3 kernels.

@@ -298,6 +298,9 @@ struct DevExpert {
   const void* s3 = nullptr;
   const void* s2 = nullptr;
   float g1 = 1.0f, g3 = 1.0f, g2 = 1.0f;  // DevLinear::scale2 of each
+  // Tile-major copies for the decode MMA walk (expert_tiles.h; measurement mode DSV4_EXPERT_TILES=1), or null.
+  const void* t13 = nullptr;  // gate/up: w1 and w3 rows interleaved 8 by 8, with their scales
+  const void* t2 = nullptr;   // down
 };
 inline DevExpert make_dev_expert(const DevLinear& w1, const DevLinear& w3, const DevLinear& w2) {
   return DevExpert{w1.w, w3.w, w2.w, w1.scales(), w3.scales(), w2.scales(), w1.scale2, w3.scale2, w2.scale2};
@@ -332,7 +335,14 @@ struct ExpertArgs {
   // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
   const DevLinear* shared13 = nullptr;
   const DevLinear* shared2 = nullptr;
+  // Every expert of the table has its tile-major copies (DevExpert::t13 / t2): the decode MMA walk reads those
+  // instead of the row-major rows (same bytes, same arithmetic: bit-identical results).
+  bool tiles = false;
 };
+// Fills t13 (tile_bytes(true, d, I) bytes) and t2 (tile_bytes(false, d, I)) with expert e's tile-major copies
+// (expert_tiles.h), asynchronously on s. MXFP4 only, d and I multiples of 128; anything else throws.
+void build_expert_tiles(const DevExpert& e, WeightFormat fmt, int64_t d, int64_t I, int64_t sb1, int64_t sb2,
+                        void* t13, void* t2, cudaStream_t s);
 // Decode MXFP4 experts with the activation QA8-quantized while staging (official numerics): the routed weights on
 // FP8 tensor-core MMAs (expert_mma.cuh) instead of the FMA ring walk (DSV4_EXPERT_MMA=0 / false). The same function
 // up to summation order.

@@ -707,6 +707,18 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
       EXPECT_EQ(0, std::memcmp(yy2.data(), y1.data(), y1.size() * 4)) << "down: staged once vs per walk";
     }
     {
+      // Both walks from warp 0 up (set_expert_balance(false)): only the warp a tile runs on changes, bit for bit.
+      cu::set_expert_balance(false);
+      DBuf<float> act4(static_cast<size_t>((k + 1) * I)), y4(static_cast<size_t>((k + 1) * d));
+      cu::ExpertArgs b = a, c = dn;
+      b.act = act4.p, c.act = act4.p, c.y = y4.p;
+      cu::expert_gate_up(b, nullptr);
+      cu::expert_down(c, nullptr);
+      cu::set_expert_balance(true);
+      EXPECT_EQ(0, std::memcmp(act4.get().data(), a1.data(), a1.size() * 4)) << "gate/up: balanced vs unbalanced warps";
+      EXPECT_EQ(0, std::memcmp(y4.get().data(), y1.data(), y1.size() * 4)) << "down: balanced vs unbalanced warps";
+    }
+    {
       // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
       // (down only where it is a ring launch: other down kernels read the row-major weights, null here).
       DBuf<float> act3(static_cast<size_t>((k + 1) * I)), y3(static_cast<size_t>((k + 1) * d));

@@ -209,7 +209,8 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // expert_stage_once): the first of the two walks stages both walks' inputs (gate/up: and reads the selection), the
 // second skips its staging and block barrier, so a warp goes from its first walk's tiles straight to its second's.
 template <int F, bool GATE_UP, typename C>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
+                                                           bool balance) {
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -309,7 +310,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       };
       // K split 4 ways inside groups of 4 warps (mma_walk parts): 256 tiles x 4 parts keep ~8 warps per SM busy.
       static_assert(C::W == 16, "4 groups of 4 warps (named barriers 1..4)");
-      const int64_t gwg = static_cast<int64_t>(warp / 4) * gridDim.x + blockIdx.x, nwg = static_cast<int64_t>(C::W / 4) * gridDim.x;
+      // balance (down, where this walk comes second): its groups are taken from the block's top warps down, away
+      // from the routed walk's tiles, which fill warps from 0 up.
+      const int wg = (balance && !GATE_UP) ? C::W / 4 - 1 - warp / 4 : warp / 4;
+      const int64_t gwg = static_cast<int64_t>(wg) * gridDim.x + blockIdx.x, nwg = static_cast<int64_t>(C::W / 4) * gridDim.x;
       mma_walk<PRE, 8, true, false>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
                              [&](int64_t) -> const uint8_t* { return xc2; }, [&](int64_t) -> const float* { return xsc2; },
                              flush2_m, [&] {
@@ -350,7 +354,16 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // rank's gate/up: 768) a tile's K is split over `parts` warps of one block: one warp per tile left ~6 of 16
       // warps per SM walking 32 steps each (the TP2 trace: gate/up 23.5 us for half the bytes of TP1's 34.6).
       const int64_t per_m = GATE_UP ? a.I / 8 : a.d / 16, nt_m = per_m * k;
-      const int64_t gwm = static_cast<int64_t>(warp / parts) * gridDim.x + blockIdx.x, nwm = static_cast<int64_t>(C::W / parts) * gridDim.x;
+      // balance (gate/up after the fused shared walk, mma == 2): the shared walk took groups of 4 warps from warp 0
+      // up (block-minor: group g of this block walks shared tiles iff g * grid + block < I / 8); the routed tiles
+      // start at the first warp after them and wrap around, so a warp walks shared OR routed tiles until both sets
+      // need more warps than the block has (TP2 Flash: 4 shared + 12 routed warps). Before, warps 0-3 walked both:
+      // twice the steps of the others on the launch's critical path.
+      int shw = 0;
+      if (balance && GATE_UP && has_sh && mma == 2)
+        for (int g = 0; g < C::W / 4; ++g) shw += static_cast<int64_t>(g) * gridDim.x + blockIdx.x < a.I / 8 ? 4 : 0;
+      const int rw = (warp + C::W - shw) % C::W;  // multiple-of-4 shift: groups of `parts` warps stay aligned
+      const int64_t gwm = static_cast<int64_t>(rw / parts) * gridDim.x + blockIdx.x, nwm = static_cast<int64_t>(C::W / parts) * gridDim.x;
       auto rows_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
         const int j = static_cast<int>(t / per_m);
         const int64_t rt = t - j * per_m;
@@ -396,10 +409,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           return static_cast<const uint8_t*>(GATE_UP ? ex[j].t13 : ex[j].t2) + rt * (K / 128) * kTileStepBytes;
         };
         mma_walk<!GATE_UP, 4, false, true>(gwm, nwm, nt_m, K, ring, tile_of, xcode, xscale, flush_m, stage_m, parts,
-                                           warp % parts, warp / parts, 5, !(GATE_UP && once));
+                                           rw % parts, rw / parts, 5, !(GATE_UP && once));
       } else {
         mma_walk<!GATE_UP, 4, false, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts,
-                                            warp % parts, warp / parts, 5, !(GATE_UP && once));
+                                            rw % parts, rw / parts, 5, !(GATE_UP && once));
       }
       if constexpr (!GATE_UP) {
         if (has_sh && once) walk_shared(std::false_type{}, Role2{});

@@ -2786,6 +2786,11 @@ int64_t expert_mma_launches() { return g_mma_launches.load(std::memory_order_rel
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up) { return expert_ring_eligible(a, gate_up) ? expert_mma_mode(a, gate_up) : 0; }
 std::atomic<bool> g_expert_ksplit_on{switch_on("DSV4_EXPERT_KSPLIT")};
 std::atomic<bool> g_expert_stage_once_on{switch_on("DSV4_EXPERT_STAGE_ONCE")};
+// The decode expert launches' routed and shared walks on different warps where they fit (expert_ring_kernel's
+// balance); DSV4_EXPERT_BALANCE=0 / set_expert_balance(false): both from warp 0 up (A/B). Same results bit for bit:
+// only which warp walks which tile changes.
+std::atomic<bool> g_expert_balance_on{switch_on("DSV4_EXPERT_BALANCE")};
+void set_expert_balance(bool on) { g_expert_balance_on.store(on, std::memory_order_relaxed); }
 void set_expert_stage_once(bool on) { g_expert_stage_once_on.store(on, std::memory_order_relaxed); }
 // The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
 bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
@@ -2802,13 +2807,13 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
   switch (fmt_of(a.fmt)) {
     case kFP8:
       allow_smem(expert_ring_kernel<kFP8, GATE_UP, C>, sm);
-      launch(expert_ring_kernel<kFP8, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false);
+      launch(expert_ring_kernel<kFP8, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false, false);
       break;
     case kFP4: {
       const int mode = expert_mma_launch_mode(a, GATE_UP);
       allow_smem(expert_ring_kernel<kFP4, GATE_UP, C>, sm);
       launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, GATE_UP),
-             expert_stage_once(mode, hs));
+             expert_stage_once(mode, hs), g_expert_balance_on.load(std::memory_order_relaxed));
       break;
     }
     default: fail(GATE_UP ? "expert_gate_up" : "expert_down", ": no ring kernel for this format");
@@ -2818,6 +2823,12 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
 void set_expert_ksplit(bool on) { g_expert_ksplit_on.store(on, std::memory_order_relaxed); }
 int expert_mma_parts(const ExpertArgs& a, bool gate_up) {
   if (!g_expert_ksplit_on.load(std::memory_order_relaxed) || expert_mma_mode_used(a, gate_up) == 0) return 1;
+  static const int forced = [] {  // DSV4_EXPERT_PARTS=1|2|4 (measurements): that split wherever K allows it
+    const char* e = std::getenv("DSV4_EXPERT_PARTS");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
+  }();
+  if (forced && ((gate_up ? a.d : a.I) / forced) % 128 == 0) return forced;
   const int64_t tiles = (gate_up ? a.I / 8 : a.d / 16) * a.k, warps = static_cast<int64_t>(sm_count()) * RingA::W;
   const int64_t K = gate_up ? a.d : a.I;
   int parts = 1;  // whole 128-column steps per part (the walk's step)

@@ -350,6 +350,9 @@ void set_expert_mma(bool on);
 // The fused shared expert's FP8 walk on the MMAs too (default on); set_shared_expert_mma(false) / DSV4_SHARED_MMA=0:
 // on the FMA ring walk (A/B switch).
 void set_shared_expert_mma(bool on);
+// The decode expert launches put the routed and the fused shared expert's walks on different warps where both fit
+// (default on; DSV4_EXPERT_BALANCE=0 / false: both from warp 0 up). Bit-identical either way.
+void set_expert_balance(bool on);
 // The ring kernel's mma argument for a (0: not the MMA walk, 1: the MMA walk, 2: and the shared expert on MMAs).
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up);
 // Ring launches that took the MMA walk since the process started (captured graph launches count once).

@@ -163,7 +163,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
     }
   };
   __syncwarp();  // a walk before this one in the same ring memory has been read by every lane of the warp
-#pragma unroll
+#pragma unroll 1  // one copy of issue() here: the prologue runs once per walk, its code only costs icache room
   for (int p = 0; p < kS - 1; ++p) {
     if (p < steps) issue();
     cp_async_commit();
@@ -174,6 +174,10 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
   int64_t ct = gw;
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;
+  // The tile's staged activation codes and scales, fetched once per tile: xcode / xscale may divide (the down walk's
+  // slot of tile t), which per step cost ~60 instructions of int64 division in a ~150-instruction step.
+  const uint8_t* xct = steps > 0 ? xcode(ct) : nullptr;
+  const float* xst = steps > 0 ? xscale(ct) : nullptr;
   // ldmatrix row addresses: lane i gives row (i % 8) + 8 * ((i / 8) & 1) of chunk (i / 16) (+ 2 for the second x4).
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lch = lane >> 4;
   for (int64_t st = 0; st < steps; ++st) {
@@ -184,7 +188,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
     __syncwarp();  // the other lanes' copies of this step are visible
     const uint8_t* slot = ring + cslot * M::Step;
     if constexpr (W8) {
-      const uint8_t* xc = xcode(ct) + col0 + static_cast<int64_t>(ck) * 128 + t4 * 4;
+      const uint8_t* xc = xct + col0 + static_cast<int64_t>(ck) * 128 + t4 * 4;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int p = 0; p < 4; ++p) {  // MMA p: chunks 2p (k 4t..) and 2p + 1 (k 4t + 16..), 16 columns each
@@ -193,12 +197,12 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
         mma_e4m3_16832(d, w[0], w[1], w[2], w[3], *reinterpret_cast<const uint32_t*>(xc + 32 * p),
                        *reinterpret_cast<const uint32_t*>(xc + 32 * p + 16));
       }
-      const float xsf = xscale(ct)[col0 / 128 + ck];
+      const float xsf = xst[col0 / 128 + ck];
       acc0 = fmaf(d[0], *reinterpret_cast<const float*>(slot + M::StepW + g * 4) * xsf, acc0);
       acc8 = fmaf(d[2], *reinterpret_cast<const float*>(slot + M::StepW + (g + 8) * 4) * xsf, acc8);
     } else {
-      const uint8_t* xc = xcode(ct) + col0 + static_cast<int64_t>(ck) * (32 * CPS) + t4 * 8;
-      const float* xsc = xscale(ct) + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
+      const uint8_t* xc = xct + col0 + static_cast<int64_t>(ck) * (32 * CPS) + t4 * 8;
+      const float* xsc = xst + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
 #pragma unroll
       for (int p = 0; p < CPS / 2; ++p) {  // chunks 2p and 2p + 1
         uint32_t w[4];
@@ -236,6 +240,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
       acc0 = acc8 = 0.0f;
       ck = 0;
       ct += nw;
+      if (st + 1 < steps) xct = xcode(ct), xst = xscale(ct);
     }
   }
   cp_async_wait<0>();

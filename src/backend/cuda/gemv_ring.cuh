@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       const int rw = (warp + C::W - shw) % C::W;  // multiple-of-4 shift: groups of `parts` warps stay aligned
       const int64_t gwm = static_cast<int64_t>(rw / parts) * gridDim.x + blockIdx.x, nwm = static_cast<int64_t>(C::W / parts) * gridDim.x;
       auto rows_of = [&](int64_t t, int r, const uint8_t*& w, const uint8_t*& sc) {
-        const int j = static_cast<int>(t / per_m);
+        const int j = static_cast<int>(t) / static_cast<int>(per_m);  // int32: < 2^31 tiles
         const int64_t rt = t - j * per_m;
         const DevExpert& E = ex[j];
         if (GATE_UP) {
@@ -379,13 +379,13 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         }
       };
       auto xcode = [&](int64_t t) -> const uint8_t* {
-        return GATE_UP ? xcodes : xcodes + (t / per_m) * a.I;
+        return GATE_UP ? xcodes : xcodes + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
       };
       auto xscale = [&](int64_t t) -> const float* {
-        return GATE_UP ? xscales : xscales + (t / per_m) * (a.I / 128);
+        return GATE_UP ? xscales : xscales + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * (a.I / 128);
       };
       auto flush_m = [&](int64_t t, float v0, float v8) {  // lanes with t4 == 0: rows g and g + 8 of the tile
-        const int g = lane >> 2, j = static_cast<int>(t / per_m);
+        const int g = lane >> 2, j = static_cast<int>(t) / static_cast<int>(per_m);
         const int64_t rt = t - j * per_m;
         if (GATE_UP) {
           expert_store_act(a, j, 8 * rt + g, v0, v8, a.wts ? a.wts[j] : 1.0f);
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       };
       if (a.tiles) {  // the tile-major copies (expert_tiles.h): the same bytes per step, fetched contiguously
         auto tile_of = [&](int64_t t) -> const uint8_t* {
-          const int j = static_cast<int>(t / per_m);
+          const int j = static_cast<int>(t) / static_cast<int>(per_m);  // int32: < 2^31 tiles
           const int64_t rt = t - j * per_m;
           return static_cast<const uint8_t*>(GATE_UP ? ex[j].t13 : ex[j].t2) + rt * (K / 128) * kTileStepBytes;
         };

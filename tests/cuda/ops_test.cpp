@@ -362,6 +362,40 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
   run_grouped_wo_a(40);  // the GEMM, one per group
 }
 
+// ---- router top-k with ties at real expert counts ------------------------------------------------------------------
+// Logits on a 0.25 grid (9 values over E experts: dozens of exact ties in the top group) and no bias, so the order
+// (score descending, index ascending) is the logits' order and the CPU can state it exactly: the selection must be
+// the first k of that order, best first (router_warp_topk for E <= 1024; Flash 256, Pro 384 experts).
+TEST(CudaOps, RouterTopkTies) {
+  std::mt19937 g(5);
+  for (int E : {256, 384}) {
+    const int n = 5, k = 6;
+    vector<float> logits(static_cast<size_t>(n * E));
+    for (auto& v : logits) v = 0.25f * static_cast<float>(static_cast<int>(g() % 9) - 4);
+    DBuf<float> dlog(logits), dwts(static_cast<size_t>(n * k));
+    DBuf<int32_t> dsel(static_cast<size_t>(n * k));
+    cu::RouterArgs r;
+    r.logits = dlog.p, r.n = n, r.E = E, r.k = k, r.func = 0, r.norm_topk = true, r.scaling = 2.5f;
+    r.sel = dsel.p, r.wts = dwts.p;
+    cu::router(r, nullptr);
+    const vector<int32_t> sel = dsel.get();
+    const vector<float> wts = dwts.get();
+    for (int t = 0; t < n; ++t) {
+      vector<int> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      const float* lg = logits.data() + static_cast<size_t>(t) * E;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return lg[a] > lg[b]; });
+      double sum = 0;
+      for (int j = 0; j < k; ++j) sum += std::sqrt(std::log1p(std::exp(static_cast<double>(lg[order[j]]))));
+      for (int j = 0; j < k; ++j) {
+        ASSERT_EQ(sel[t * k + j], order[j]) << "E " << E << " token " << t << " slot " << j;
+        const double w = std::sqrt(std::log1p(std::exp(static_cast<double>(lg[order[j]])))) / sum * 2.5;
+        EXPECT_NEAR(wts[t * k + j], w, 1e-5 * w) << "E " << E << " token " << t << " slot " << j;
+      }
+    }
+  }
+}
+
 // ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
 // grouped: the prefill path (slots grouped by expert on the device, one block per (row tile, expert)).
 void run_experts(int n, bool grouped, int64_t d = 4096) {

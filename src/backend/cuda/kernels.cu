@@ -2864,12 +2864,6 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
 void set_expert_ksplit(bool on) { g_expert_ksplit_on.store(on, std::memory_order_relaxed); }
 int expert_mma_parts(const ExpertArgs& a, bool gate_up) {
   if (!g_expert_ksplit_on.load(std::memory_order_relaxed) || expert_mma_mode_used(a, gate_up) == 0) return 1;
-  static const int forced = [] {  // DSV4_EXPERT_PARTS=1|2|4 (measurements): that split wherever K allows it
-    const char* e = std::getenv("DSV4_EXPERT_PARTS");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 1 || v == 2 || v == 4 ? v : 0;
-  }();
-  if (forced && ((gate_up ? a.d : a.I) / forced) % 128 == 0) return forced;
   const int64_t tiles = (gate_up ? a.I / 8 : a.d / 16) * a.k, warps = static_cast<int64_t>(sm_count()) * RingA::W;
   const int64_t K = gate_up ? a.d : a.I;
   int parts = 1;  // whole 128-column steps per part (the walk's step)

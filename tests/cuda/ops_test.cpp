@@ -365,7 +365,7 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
 // ---- router top-k with ties at real expert counts ------------------------------------------------------------------
 // Logits on a 0.25 grid (9 values over E experts: dozens of exact ties in the top group) and no bias, so the order
 // (score descending, index ascending) is the logits' order and the CPU can state it exactly: the selection must be
-// the first k of that order, best first (router_warp_topk for E <= 1024; Flash 256, Pro 384 experts).
+// the first k of that order, best first (router_kernel's rank count; Flash 256, Pro 384 experts).
 TEST(CudaOps, RouterTopkTies) {
   std::mt19937 g(5);
   for (int E : {256, 384}) {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -1665,30 +1664,6 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-constexpr int kRouterWarpMaxE = 32 * 32;  // router_warp_topk's taken-mask: 32 experts per lane
-// The k best of b[0, E) (k <= E) into sel[0, k), best first, in the order (score descending, index ascending): by k
-// rounds of a warp argmax on one warp (~k x 40 instructions), the same selection in the same order as router_kernel's
-// rank count (sel[rank] = e, E compares on every thread) for every non-NaN score.
-__device__ __forceinline__ void router_warp_topk(const float* b, int E, int k, int* sel) {
-  const int lane = threadIdx.x & 31;
-  uint32_t taken = 0;  // bit q: expert lane + 32 q already selected
-  for (int j = 0; j < k; ++j) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int q = 0, e = lane; e < E; ++q, e += 32) {
-      if ((taken >> q) & 1u) continue;
-      if (bi == INT_MAX || b[e] > bv) bv = b[e], bi = e;  // e ascends: the first of equal scores stays
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {  // a strict total order: every lane ends with the same (bv, bi)
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-    }
-    if (lane == 0) sel[j] = bi;
-    if (bi % 32 == lane) taken |= 1u << (bi / 32);
-  }
-}
 __global__ void router_kernel(RouterArgs a) {
   extern __shared__ float sm[];  // s[E], biased[E], bias[E]
   __shared__ double red[32];
@@ -1724,8 +1699,6 @@ __global__ void router_kernel(RouterArgs a) {
   __syncthreads();
   if (a.tid2eid) {
     for (int j = threadIdx.x; j < k; j += blockDim.x) sel[j] = a.tid2eid[static_cast<int64_t>(a.ids[t]) * k + j];
-  } else if (E <= kRouterWarpMaxE && k <= E) {
-    if (threadIdx.x < 32) router_warp_topk(b, E, k, sel);
   } else {
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
       int rank = 0;
@@ -2059,28 +2032,14 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t count, flo
     act[i] = swiglu1(g[i], u[i], lim, 1.0f, official);
 }
 
-constexpr int kMoeReduceMaxK = 16;  // V4 routes 6 (Flash, Pro); more falls back to the serial loop
 __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k, int64_t d, bool official, float* out) {
   pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
     double acc = 0.0;
-    if (k <= kMoeReduceMaxK) {
-      // All k (+ shared) loads in flight before the first add: the serial load-add loop waited one memory round
-      // trip per expert (5.4 us per decode launch for 7 x 16 KB). Same additions in the same order: same bits.
-      float v[kMoeReduceMaxK];
-#pragma unroll
-      for (int s = 0; s < kMoeReduceMaxK; ++s) v[s] = s < k ? y[(t * k + s) * d + j] : 0.0f;
-      const float vs = ys ? ys[i] : 0.0f;
-#pragma unroll
-      for (int s = 0; s < kMoeReduceMaxK; ++s)
-        if (s < k) acc += v[s];
-      if (ys) acc += vs;
-    } else {
-      for (int s = 0; s < k; ++s) acc += y[(t * k + s) * d + j];
-      if (ys) acc += ys[i];
-    }
+    for (int s = 0; s < k; ++s) acc += y[(t * k + s) * d + j];
+    if (ys) acc += ys[i];
     const float v = static_cast<float>(acc);
     out[i] = official ? bf16r(v) : v;
   }

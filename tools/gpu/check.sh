@@ -6,7 +6,8 @@
 # Knobs (environment): PREBUILT=DIR uses DIR/dsv4 and DIR/test_cuda built on the dev machine (carry them; saves the
 # ~3 min CUDA compile of device time) instead of configuring and building; SKIP_CTEST=1 skips the full build + CTest
 # (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer; GTEST_FILTER selects
-# test_cuda tests (default: all but the CPU-only NoiseFloor.*); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
+# test_cuda tests (default: all but the CPU-only NoiseFloor.*; the parameterized suites are named Formats/CudaTiny.*,
+# Formats/TpTiny.*, Fixtures/CudaFixture.*: a pattern like 'CudaTiny*' does not match them); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph

@@ -357,8 +357,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // balance (gate/up after the fused shared walk, mma == 2): the shared walk took groups of 4 warps from warp 0
       // up (block-minor: group g of this block walks shared tiles iff g * grid + block < I / 8); the routed tiles
       // start at the first warp after them and wrap around, so a warp walks shared OR routed tiles until both sets
-      // need more warps than the block has (TP2 Flash: 4 shared + 12 routed warps). Before, warps 0-3 walked both:
-      // twice the steps of the others on the launch's critical path.
+      // need more warps than the block has (TP2 Flash: 4 shared + 12 routed warps). Before, warps 0-3 walked both,
+      // twice the steps of the others -- yet the A/B (docs/BENCHMARKS.md, session 12) showed no difference either way:
+      // the launch is latency-bound on every warp, not bound by its busiest warp.
       int shw = 0;
       if (balance && GATE_UP && has_sh && mma == 2)
         for (int g = 0; g < C::W / 4; ++g) shw += static_cast<int64_t>(g) * gridDim.x + blockIdx.x < a.I / 8 ? 4 : 0;

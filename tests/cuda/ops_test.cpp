@@ -727,31 +727,22 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
     cu::set_expert_mma(true);
     auto part = [](const vector<float>& v, size_t from, size_t to) { return vector<float>(v.begin() + from, v.begin() + to); };
     const auto a0 = act[0].get(), a1 = act[1].get(), y0 = y[0].get(), y1 = y[1].get();
-    if (shared && down_ring) {
-      // The MMA walks again with each walk staging its own input (set_expert_stage_once(false)): bit for bit the same.
-      cu::set_expert_stage_once(false);
+    // Both MMA launches again with a switch off (set(false), then back on): the same bits expected.
+    auto same_bits_without = [&](void (*set)(bool), const char* what) {
+      set(false);
       DBuf<float> act2(static_cast<size_t>((k + 1) * I)), y2(static_cast<size_t>((k + 1) * d));
       cu::ExpertArgs b = a, c = dn;
       b.act = act2.p, c.act = act2.p, c.y = y2.p;
       cu::expert_gate_up(b, nullptr);
       cu::expert_down(c, nullptr);
-      cu::set_expert_stage_once(true);
-      const auto a2 = act2.get(), yy2 = y2.get();
-      EXPECT_EQ(0, std::memcmp(a2.data(), a1.data(), a1.size() * 4)) << "gate/up: staged once vs per walk";
-      EXPECT_EQ(0, std::memcmp(yy2.data(), y1.data(), y1.size() * 4)) << "down: staged once vs per walk";
-    }
-    {
-      // Both walks from warp 0 up (set_expert_balance(false)): only the warp a tile runs on changes, bit for bit.
-      cu::set_expert_balance(false);
-      DBuf<float> act4(static_cast<size_t>((k + 1) * I)), y4(static_cast<size_t>((k + 1) * d));
-      cu::ExpertArgs b = a, c = dn;
-      b.act = act4.p, c.act = act4.p, c.y = y4.p;
-      cu::expert_gate_up(b, nullptr);
-      cu::expert_down(c, nullptr);
-      cu::set_expert_balance(true);
-      EXPECT_EQ(0, std::memcmp(act4.get().data(), a1.data(), a1.size() * 4)) << "gate/up: balanced vs unbalanced warps";
-      EXPECT_EQ(0, std::memcmp(y4.get().data(), y1.data(), y1.size() * 4)) << "down: balanced vs unbalanced warps";
-    }
+      set(true);
+      EXPECT_EQ(0, std::memcmp(act2.get().data(), a1.data(), a1.size() * 4)) << "gate/up: " << what;
+      EXPECT_EQ(0, std::memcmp(y2.get().data(), y1.data(), y1.size() * 4)) << "down: " << what;
+    };
+    // Each walk staging its own input (set_expert_stage_once(false)).
+    if (shared && down_ring) same_bits_without(cu::set_expert_stage_once, "staged once vs per walk");
+    // Both walks from warp 0 up (set_expert_balance(false)): only the warp a tile runs on changes.
+    same_bits_without(cu::set_expert_balance, "balanced vs unbalanced warps");
     {
       // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
       // (down only where it is a ring launch: other down kernels read the row-major weights, null here).

@@ -727,22 +727,29 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
     cu::set_expert_mma(true);
     auto part = [](const vector<float>& v, size_t from, size_t to) { return vector<float>(v.begin() + from, v.begin() + to); };
     const auto a0 = act[0].get(), a1 = act[1].get(), y0 = y[0].get(), y1 = y[1].get();
-    // Both MMA launches again with a switch off (set(false), then back on): the same bits expected.
-    auto same_bits_without = [&](void (*set)(bool), const char* what) {
-      set(false);
+    // Both MMA launches again with a switch flipped (set(v), then back to !v): the same bits expected.
+    auto same_bits_with = [&](void (*set)(bool), bool v, const char* what) {
+      set(v);
       DBuf<float> act2(static_cast<size_t>((k + 1) * I)), y2(static_cast<size_t>((k + 1) * d));
       cu::ExpertArgs b = a, c = dn;
       b.act = act2.p, c.act = act2.p, c.y = y2.p;
       cu::expert_gate_up(b, nullptr);
       cu::expert_down(c, nullptr);
-      set(true);
+      set(!v);
       EXPECT_EQ(0, std::memcmp(act2.get().data(), a1.data(), a1.size() * 4)) << "gate/up: " << what;
       EXPECT_EQ(0, std::memcmp(y2.get().data(), y1.data(), y1.size() * 4)) << "down: " << what;
     };
     // Each walk staging its own input (set_expert_stage_once(false)).
-    if (shared && down_ring) same_bits_without(cu::set_expert_stage_once, "staged once vs per walk");
+    if (shared && down_ring) same_bits_with(cu::set_expert_stage_once, false, "staged once vs per walk");
     // Both walks from warp 0 up (set_expert_balance(false)): only the warp a tile runs on changes.
-    same_bits_without(cu::set_expert_balance, "balanced vs unbalanced warps");
+    same_bits_with(cu::set_expert_balance, false, "balanced vs unbalanced warps");
+    // The kernel variant without the FMA walks (set_expert_mma_only(true); it takes mode 2 and mode 1 without the
+    // shared expert, so this runs it in every case here except "shared FMA" with a fused shared expert).
+    const int64_t only0 = cu::expert_mma_only_launches();
+    same_bits_with(cu::set_expert_mma_only, true, "MMA-only kernel vs the full kernel");
+    if (shared) {
+      EXPECT_GE(cu::expert_mma_only_launches() - only0, down_ring ? 2 : 1) << "the MMA-only variant ran";
+    }
     {
       // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
       // (down only where it is a ring launch: other down kernels read the row-major weights, null here).

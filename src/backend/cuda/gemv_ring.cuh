@@ -208,9 +208,16 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // expert_mma_parts): the routed MMA walk's K split, for fewer routed tiles than warps. once (mma == 2 with has_sh;
 // expert_stage_once): the first of the two walks stages both walks' inputs (gate/up: and reads the selection), the
 // second skips its staging and block barrier, so a warp goes from its first walk's tiles straight to its second's.
-template <int F, bool GATE_UP, typename C>
+// MMA_ONLY (launched only with mma == 2, or mma == 1 without the shared expert; DSV4_EXPERT_MMA_ONLY=1): the same
+// kernel without its FMA walks, which those launches never reach -- 76-78 KB of SASS instead of 189-217 KB and
+// 104-108 registers instead of 124-125 (ptxas): ncu sampled 18 % of the full kernel's warp stalls waiting for
+// instructions (docs/BENCHMARKS.md, session 12). Same code on the paths it keeps: the same bits.
+template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
                                                            bool balance) {
+  if constexpr (MMA_ONLY) {
+    if (mma == 0 || (has_sh && mma != 2)) __trap();  // a launch this variant has no walk for: an error, never a wrong result
+  }
   constexpr int kRingR = C::R, kRingWarps = C::W, kHalf = C::R / 2;  // gate/up: kHalf intermediate rows a tile
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -248,7 +255,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     constexpr bool PRE = decltype(pre)::value;
     constexpr int ROLE = decltype(role)::value;
     const int64_t K2 = GATE_UP ? a.d : a.I, rows2 = GATE_UP ? a.I : a.d;
-    const int64_t nt2 = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR;
+    [[maybe_unused]] const int64_t nt2 = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR;  // FMA walk
     auto tile2 = [&](int64_t t, RingTile<kRingR>& T) {
       if (GATE_UP) {
 #pragma unroll
@@ -288,7 +295,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     };
     // Shared tiles go to warps block-minor (tile t -> block t % grid): the shared expert's 1/7 of the work spreads
     // over every SM instead of the first ~64 blocks' warps.
-    const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;
+    [[maybe_unused]] const int64_t gw2 = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x;  // FMA walk
     if (mma == 2) {
       // expert_mma_mode 2 (default; DSV4_SHARED_MMA=0: the ring walk below): the FP8 MMA walk (mma_walk W8) in
       // 16-row tiles -- gate/up: 8 rows of w1 and the same 8 of w3 (pair rows I + r), down: 16 rows of w2 -- with
@@ -322,10 +329,12 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
                              }, 4, warp % 4, warp / 4, 1, ROLE != 2);
       return;
     }
-    ring_walk<kFP8, kRingR, C::S, PRE>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
-      if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
-      else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
-    });
+    if constexpr (!MMA_ONLY) {
+      ring_walk<kFP8, kRingR, C::S, PRE>(gw2, nw, nt2, K2 / Chunk<kFP8>::CW, 0, smem + warp * C::WarpBytes, tile2, flush2, [&] {
+        if (GATE_UP) stage_x<kFP8>(a.x, a.d, xs2, a.qa8_x);
+        else stage_x<kFP8>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xs2, a.qa8_act);
+      });
+    }
   };
   // gate/up: the routed experts are known only once the router (the previous kernel) is done, so the shared expert
   // goes first, its copies issued before griddepcontrol.wait. down: the router finished before gate/up passed its own
@@ -422,59 +431,61 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       return;
     }
   }
-  const int64_t per_slot = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
-  auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
-    const int j = static_cast<int>(t / per_slot);
-    const int64_t rt = t - j * per_slot;
-    const DevExpert& E = ex[j];
-    if (GATE_UP) {
-      const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
+  if constexpr (!MMA_ONLY) {  // the FMA walks (MMA_ONLY: unreachable, see above)
+    const int64_t per_slot = GATE_UP ? (a.I + kHalf - 1) / kHalf : (a.d + kRingR - 1) / kRingR, ntiles = per_slot * k;
+    auto tile_at = [&](int64_t t, RingTile<kRingR>& T) {
+      const int j = static_cast<int>(t / per_slot);
+      const int64_t rt = t - j * per_slot;
+      const DevExpert& E = ex[j];
+      if (GATE_UP) {
+        const WRow W1{E.w1, E.s1, E.g1, a.d, a.sb1, blk}, W3{E.w3, E.s3, E.g3, a.d, a.sb1, blk};
 #pragma unroll
-      for (int jj = 0; jj < kHalf; ++jj) {
-        const int64_t r = min(kHalf * rt + jj, rows - 1), rb = r * row_bytes<F>(a.d);
-        T.wp[2 * jj] = static_cast<const uint8_t*>(E.w1) + rb, T.wp[2 * jj + 1] = static_cast<const uint8_t*>(E.w3) + rb;
-        T.sp[2 * jj] = scale_row<F>(W1, r), T.sp[2 * jj + 1] = scale_row<F>(W3, r);
-        T.gs[2 * jj] = E.g1, T.gs[2 * jj + 1] = E.g3;
+        for (int jj = 0; jj < kHalf; ++jj) {
+          const int64_t r = min(kHalf * rt + jj, rows - 1), rb = r * row_bytes<F>(a.d);
+          T.wp[2 * jj] = static_cast<const uint8_t*>(E.w1) + rb, T.wp[2 * jj + 1] = static_cast<const uint8_t*>(E.w3) + rb;
+          T.sp[2 * jj] = scale_row<F>(W1, r), T.sp[2 * jj + 1] = scale_row<F>(W3, r);
+          T.gs[2 * jj] = E.g1, T.gs[2 * jj + 1] = E.g3;
+        }
+        T.xs = xs;
+      } else {
+        const WRow W2{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
+#pragma unroll
+        for (int r = 0; r < kRingR; ++r) {
+          const int64_t rr = min(rt * kRingR + r, rows - 1);
+          T.wp[r] = static_cast<const uint8_t*>(E.w2) + rr * row_bytes<F>(a.I);
+          T.sp[r] = scale_row<F>(W2, rr);
+          T.gs[r] = E.g2;
+        }
+        T.xs = xs + static_cast<int64_t>(j) * a.I;
       }
-      T.xs = xs;
-    } else {
-      const WRow W2{E.w2, E.s2, E.g2, a.I, a.sb2, blk};
+    };
+    auto flush = [&](int64_t t, float (&acc)[kRingR]) {
 #pragma unroll
-      for (int r = 0; r < kRingR; ++r) {
-        const int64_t rr = min(rt * kRingR + r, rows - 1);
-        T.wp[r] = static_cast<const uint8_t*>(E.w2) + rr * row_bytes<F>(a.I);
-        T.sp[r] = scale_row<F>(W2, rr);
-        T.gs[r] = E.g2;
+      for (int r = 0; r < kRingR; ++r) acc[r] = warp_sum(acc[r]);
+      if (lane != 0) return;
+      const int j = static_cast<int>(t / per_slot);
+      const int64_t rt = t - j * per_slot;
+      if (GATE_UP) {
+#pragma unroll
+        for (int jj = 0; jj < kHalf; ++jj) {
+          const int64_t r = kHalf * rt + jj;
+          if (r < rows) expert_store_act(a, j, r, acc[2 * jj], acc[2 * jj + 1], a.wts ? a.wts[j] : 1.0f);
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < kRingR; ++r)
+          if (rt * kRingR + r < rows) expert_store_y(a, j, rt * kRingR + r, acc[r]);
       }
-      T.xs = xs + static_cast<int64_t>(j) * a.I;
-    }
-  };
-  auto flush = [&](int64_t t, float (&acc)[kRingR]) {
-#pragma unroll
-    for (int r = 0; r < kRingR; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane != 0) return;
-    const int j = static_cast<int>(t / per_slot);
-    const int64_t rt = t - j * per_slot;
-    if (GATE_UP) {
-#pragma unroll
-      for (int jj = 0; jj < kHalf; ++jj) {
-        const int64_t r = kHalf * rt + jj;
-        if (r < rows) expert_store_act(a, j, r, acc[2 * jj], acc[2 * jj + 1], a.wts ? a.wts[j] : 1.0f);
+    };
+    ring_walk<F, kRingR, C::S, !GATE_UP>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
+      if (GATE_UP) {
+        stage_x<F>(a.x, a.d, xs, a.qa8_x);
+      } else {
+        for (int j = 0; j < k; ++j)
+          stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
       }
-    } else {
-#pragma unroll
-      for (int r = 0; r < kRingR; ++r)
-        if (rt * kRingR + r < rows) expert_store_y(a, j, rt * kRingR + r, acc[r]);
-    }
-  };
-  ring_walk<F, kRingR, C::S, !GATE_UP>(gw, nw, ntiles, K / Chunk<F>::CW, blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
-    if (GATE_UP) {
-      stage_x<F>(a.x, a.d, xs, a.qa8_x);
-    } else {
-      for (int j = 0; j < k; ++j)
-        stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
-    }
-  });
-  if constexpr (!GATE_UP)
-    if (has_sh) walk_shared(std::false_type{}, Role0{});
+    });
+    if constexpr (!GATE_UP)
+      if (has_sh) walk_shared(std::false_type{}, Role0{});
+  }
 }

@@ -2791,6 +2791,15 @@ std::atomic<bool> g_expert_stage_once_on{switch_on("DSV4_EXPERT_STAGE_ONCE")};
 // only which warp walks which tile changes.
 std::atomic<bool> g_expert_balance_on{switch_on("DSV4_EXPERT_BALANCE")};
 void set_expert_balance(bool on) { g_expert_balance_on.store(on, std::memory_order_relaxed); }
+// The MXFP4 MMA launches on expert_ring_kernel's MMA_ONLY variant (DSV4_EXPERT_MMA_ONLY=1 / set_expert_mma_only(true);
+// default off until measured on a GPU): the same walks without the FMA ones in the kernel.
+std::atomic<bool> g_expert_mma_only_on{[] {
+  const char* e = std::getenv("DSV4_EXPERT_MMA_ONLY");
+  return e && std::string(e) == "1";
+}()};
+void set_expert_mma_only(bool on) { g_expert_mma_only_on.store(on, std::memory_order_relaxed); }
+std::atomic<int64_t> g_mma_only_launches{0};
+int64_t expert_mma_only_launches() { return g_mma_only_launches.load(std::memory_order_relaxed); }
 void set_expert_stage_once(bool on) { g_expert_stage_once_on.store(on, std::memory_order_relaxed); }
 // The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
 bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
@@ -2811,9 +2820,16 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
       break;
     case kFP4: {
       const int mode = expert_mma_launch_mode(a, GATE_UP);
-      allow_smem(expert_ring_kernel<kFP4, GATE_UP, C>, sm);
-      launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, expert_mma_parts(a, GATE_UP),
-             expert_stage_once(mode, hs), g_expert_balance_on.load(std::memory_order_relaxed));
+      const int parts = expert_mma_parts(a, GATE_UP);
+      const bool once = expert_stage_once(mode, hs), bal = g_expert_balance_on.load(std::memory_order_relaxed);
+      if (g_expert_mma_only_on.load(std::memory_order_relaxed) && mode != 0 && (mode == 2 || !hs)) {
+        g_mma_only_launches.fetch_add(1, std::memory_order_relaxed);
+        allow_smem(expert_ring_kernel<kFP4, GATE_UP, C, true>, sm);
+        launch(expert_ring_kernel<kFP4, GATE_UP, C, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+      } else {
+        allow_smem(expert_ring_kernel<kFP4, GATE_UP, C>, sm);
+        launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+      }
       break;
     }
     default: fail(GATE_UP ? "expert_gate_up" : "expert_down", ": no ring kernel for this format");

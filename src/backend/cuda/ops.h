@@ -353,6 +353,10 @@ void set_shared_expert_mma(bool on);
 // The decode expert launches put the routed and the fused shared expert's walks on different warps where both fit
 // (default on; DSV4_EXPERT_BALANCE=0 / false: both from warp 0 up). Bit-identical either way.
 void set_expert_balance(bool on);
+// The MXFP4 MMA launches (expert_mma_mode 2, or 1 without the fused shared expert) on a kernel variant without the FMA
+// walks (smaller code, fewer registers; bit-identical). Default off; DSV4_EXPERT_MMA_ONLY=1 / true: on.
+void set_expert_mma_only(bool on);
+int64_t expert_mma_only_launches();  // launches that took that variant since the process started (tests)
 // The ring kernel's mma argument for a (0: not the MMA walk, 1: the MMA walk, 2: and the shared expert on MMAs).
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up);
 // Ring launches that took the MMA walk since the process started (captured graph launches count once).

@@ -645,6 +645,9 @@ TEST(CudaOps, Mxfp4DecodeExpertsMma) {
     run_decode_experts_mma(4096, 2048, shared);
     run_decode_experts_mma(4096, 1024, shared);
     run_decode_experts_mma(7168, 3072, shared);
+    // Pro TP2 (a rank's I = 1536): 2,688 down tiles for 2,112 warps, so a warp walks two down tiles -- the per-tile
+    // refresh of the staged activation's pointers in mma_walk (each down tile reads its own slot's row).
+    run_decode_experts_mma(7168, 1536, shared);
   }
   cu::set_shared_expert_mma(true);  // the default
 }
@@ -761,7 +764,6 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
       cu::expert_gate_up(b, nullptr);
       EXPECT_EQ(0, std::memcmp(act3.get().data(), a1.data(), a1.size() * 4)) << "gate/up: tile-major vs row-major";
       if (down_ring) {
-        c.act_q = dact_in.p;
         ASSERT_EQ(cu::expert_mma_mode_used(c, false), want_mode) << "tiles: the MMA walk runs (down)";
         cu::expert_down(c, nullptr);
         EXPECT_EQ(0, std::memcmp(y3.get().data(), y1.data(), y1.size() * 4)) << "down: tile-major vs row-major";

@@ -2,11 +2,13 @@
 // Tile-major copies of MXFP4 routed experts for the decode MMA walk (expert_mma.cuh), host and device.
 //
 // Why: the walk reads, per warp and 128-column step, 16 rows x 64 bytes (rows 0.5-2 KB apart) plus 16 separate
-// 4-byte scale words. Phase stamps inside the launches (session 11) showed that pattern streaming at ~2 TB/s while a
-// plain stream reads 4.4 TB/s: every warp step needs 34 copy instructions over 32 different lines. In a tile-major
+// 4-byte scale words: 64 16-byte and 16 4-byte copies per warp step over 32 different lines, which a probe
+// (tools/gpu/probes/expert_layout_probe.cu) measured at 78-89 % of a plain stream of the same bytes. In a tile-major
 // copy, step k of tile t is ONE contiguous block of 1,088 bytes laid out exactly as the walk's ring slot wants it
 // (the 16 rows' 64-byte pieces already at their swizzled slot positions, then the 16 rows' 4 scale bytes), so a warp
-// fetches a step with 2-3 coalesced 16-byte copies per lane from two or three 512-byte stretches.
+// fetches a step with 2-3 coalesced 16-byte copies per lane from two or three 512-byte stretches (the probe: 100 %).
+// In the engine that was worth only ~1-2 us per layer (docs/BENCHMARKS.md, session 12): the launches are latency-bound
+// elsewhere.
 //
 // Layout of one matrix kind of one expert: block (t, k) at byte ((t * steps + k) * kTileStepBytes), t < tiles,
 // k < steps = K / 128. Inside a block, slot row r (0..15) and logical 16-byte chunk c (0..3, columns

@@ -2127,7 +2127,8 @@ std::atomic<bool> g_ring_on{[] {
 }()};
 // Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
 // + mma_walk's part sums: a 1 KB function-level __shared__ buffer per instantiation, four per MXFP4 expert kernel (the
-// shared expert's walk as first and as second walk, and the routed walk on row-major and on tile-major weights).
+// shared expert's walk staging once and staging its own input, and the routed walk on row-major and on tile-major
+// weights; ptxas: 5,376 static bytes = 16 x 80 + 4 x 1024).
 constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 4096;
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
 // FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)

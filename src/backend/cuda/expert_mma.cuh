@@ -163,7 +163,7 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
     }
   };
   __syncwarp();  // a walk before this one in the same ring memory has been read by every lane of the warp
-#pragma unroll 1  // one copy of issue() here: the prologue runs once per walk, its code only costs icache room
+#pragma unroll 1  // one copy of issue() here: the prologue runs once per walk; unrolled, its 7 copies cost icache room
   for (int p = 0; p < kS - 1; ++p) {
     if (p < steps) issue();
     cp_async_commit();
@@ -175,7 +175,8 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;
   // The tile's staged activation codes and scales, fetched once per tile: xcode / xscale may divide (the down walk's
-  // slot of tile t), which per step cost ~60 instructions of int64 division in a ~150-instruction step.
+  // slot of tile t), which was an int64 division every step (hoisting it and the prologue change below: -2 to -4 us
+  // per layer, docs/BENCHMARKS.md session 12).
   const uint8_t* xct = steps > 0 ? xcode(ct) : nullptr;
   const float* xst = steps > 0 ? xscale(ct) : nullptr;
   // ldmatrix row addresses: lane i gives row (i % 8) + 8 * ((i / 8) & 1) of chunk (i / 16) (+ 2 for the second x4).

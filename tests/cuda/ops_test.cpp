@@ -746,13 +746,19 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
     if (shared && down_ring) same_bits_with(cu::set_expert_stage_once, false, "staged once vs per walk");
     // Both walks from warp 0 up (set_expert_balance(false)): only the warp a tile runs on changes.
     same_bits_with(cu::set_expert_balance, false, "balanced vs unbalanced warps");
-    // The kernel variant without the FMA walks (set_expert_mma_only(true); it takes mode 2 and mode 1 without the
-    // shared expert, so this runs it in every case here except "shared FMA" with a fused shared expert).
-    const int64_t only0 = cu::expert_mma_only_launches();
-    same_bits_with(cu::set_expert_mma_only, true, "MMA-only kernel vs the full kernel");
+    // The kernel variant without the FMA walks (the default; it takes mode 2 and mode 1 without the shared expert,
+    // so the MMA launches above ran it in every case here except "shared FMA" with a fused shared expert) vs the full
+    // kernel (set_expert_mma_only(false)): first that the default launches do take the variant, then the same bits.
     if (shared) {
-      EXPECT_GE(cu::expert_mma_only_launches() - only0, down_ring ? 2 : 1) << "the MMA-only variant ran";
+      const int64_t only0 = cu::expert_mma_only_launches();
+      DBuf<float> act4(static_cast<size_t>((k + 1) * I)), y4(static_cast<size_t>((k + 1) * d));
+      cu::ExpertArgs b = a, c = dn;
+      b.act = act4.p, c.act = act4.p, c.y = y4.p;
+      cu::expert_gate_up(b, nullptr);
+      cu::expert_down(c, nullptr);
+      EXPECT_GE(cu::expert_mma_only_launches() - only0, down_ring ? 2 : 1) << "the MMA-only variant ran (default)";
     }
+    same_bits_with(cu::set_expert_mma_only, false, "the full kernel vs the MMA-only kernel");
     {
       // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
       // (down only where it is a ring launch: other down kernels read the row-major weights, null here).
@@ -866,6 +872,37 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
                              " n=" + std::to_string(n) + (tc ? " (tensor cores)" : "");
     expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
+    if (n == 1) {
+      // A single token takes the one-launch cluster kernel by default (attend_cluster.cuh); each cluster size and the
+      // three split-KV launches against the CPU, and against each other: the same function up to the summation order
+      // of Z (double) and of the chunks' partial outputs, so only last-bit and rare BF16 rounding differences.
+      EXPECT_GT(cu::attend_cluster_size(D), 0) << "the cluster kernel is the default for one token";
+      vector<float> split;
+      for (int size : {0, 8, 16}) {
+        cu::set_attend_cluster(size);
+        ASSERT_EQ(cu::attend_cluster_size(D), size);
+        DBuf<float> d2(ref.size());
+        cu::fill_f32(d2.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
+        a.o = d2.p;
+        cu::attend(a, nullptr);
+        const vector<float> got = d2.get();
+        const std::string w2 = what + (size ? " cluster " + std::to_string(size) : std::string(" split-KV"));
+        expect_close(got, ref, official, w2.c_str());
+        if (size == 0) {
+          split = got;
+          continue;
+        }
+        const Stats st = cmp(got, split);
+        size_t same = 0;
+        for (size_t e = 0; e < got.size(); ++e) same += got[e] == split[e];
+        std::printf("[op] %s vs split-KV: rel L2 %.3g, bit-identical %.2f%%\n", w2.c_str(), st.rel,
+                    100.0 * static_cast<double>(same) / static_cast<double>(got.size()));
+        EXPECT_LE(st.rel, official ? 2e-3 : 1e-5) << w2;
+      }
+      cu::set_attend_cluster(-1);
+      a.o = dout.p;
+      EXPECT_EQ(derr.get()[0], 0);
+    }
     if (tc) {
       // The split-KV kernels on the same inputs: the same function up to fp32 summation order, so only rare BF16
       // rounding flips (of p or of the output) may differ.

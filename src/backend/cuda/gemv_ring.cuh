@@ -208,7 +208,7 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // expert_mma_parts): the routed MMA walk's K split, for fewer routed tiles than warps. once (mma == 2 with has_sh;
 // expert_stage_once): the first of the two walks stages both walks' inputs (gate/up: and reads the selection), the
 // second skips its staging and block barrier, so a warp goes from its first walk's tiles straight to its second's.
-// MMA_ONLY (launched only with mma == 2, or mma == 1 without the shared expert; DSV4_EXPERT_MMA_ONLY=1): the same
+// MMA_ONLY (launched only with mma == 2, or mma == 1 without the shared expert; the default; DSV4_EXPERT_MMA_ONLY=0: off): the same
 // kernel without its FMA walks, which those launches never reach -- 76-78 KB of SASS instead of 189-217 KB and
 // 104-108 registers instead of 124-125 (ptxas): ncu sampled 18 % of the full kernel's warp stalls waiting for
 // instructions (docs/BENCHMARKS.md, session 12). Same code on the paths it keeps: the same bits.

@@ -2,6 +2,7 @@
 // decode GEMVs stream weights in their stored formats; fusion, split-K and tensor cores come next, see
 // docs/BENCHMARKS.md "CUDA ops"). The CPU twin of every kernel is named in ops.h / cpu_backend.cpp.
 #include <cuda_bf16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,18 +54,25 @@ bool pdl_enabled() {
   }();
   return env_on && g_pdl_allowed.load(std::memory_order_relaxed);
 }
+// cluster_x > 0: thread-block clusters of cluster_x blocks along x (the grid's x a multiple of it).
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+void launch_clustered(unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                      Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (cluster_x > 0) {
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = cluster_x, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
+    cfg.numAttrs = 2;
+  }
   if (g_trace_names_on.load(std::memory_order_relaxed)) {
     int dev = -1;
     (void)cudaGetDevice(&dev);
@@ -72,6 +80,10 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     g_trace_funcs[dev].push_back(reinterpret_cast<const void*>(kernel));
   }
   DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_clustered(0, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 }  // namespace
 void set_pdl(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
@@ -2096,6 +2108,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/bf16_split.cuh"
 #include "backend/cuda/attend_tc.cuh"
+#include "backend/cuda/attend_cluster.cuh"
 #include "backend/cuda/gemv_ring.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/moe_tc2.cuh"
@@ -2585,6 +2598,63 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   DSV4_LAUNCHED();
 }
 
+// The single-token attention's cluster size (attend_cluster.cuh): 16 blocks (a non-portable size) where the device
+// can co-schedule as many 16-block clusters of the largest configuration as a 64-head layer has head groups, else 8;
+// 0 (DSV4_ATTEND_CLUSTER=0 / set_attend_cluster(0)): the three split-KV launches. DSV4_ATTEND_CLUSTER=8 / 16 force
+// a size (A/B).
+namespace {
+constexpr int kAttClMaxRes = 96;
+std::atomic<int> g_attend_cluster{-2};  // -2: DSV4_ATTEND_CLUSTER not read yet; -1: automatic; else the size
+int attend_cluster_16_fits() {
+  static std::mutex mu;
+  static std::map<int, int> fits;
+  int dev = 0;
+  DSV4_CU(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = fits.find(dev);
+  if (it != fits.end()) return it->second;
+  const size_t sm = att_cl_smem_bytes(kAttClMaxRes, kAttMaxD);
+  allow_smem(attend_cluster_kernel<16>, sm);
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_kernel<16>),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(16, 4);
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = sm;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 16, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(attend_cluster_kernel<16>), &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return fits[dev] = n >= 4 ? 1 : 0;
+}
+int attend_cluster_for(int64_t D) {
+  if (D % 4 != 0 || D > kAttMaxD) return 0;
+  if (g_attend_cluster.load(std::memory_order_relaxed) == -2) {
+    const char* e = std::getenv("DSV4_ATTEND_CLUSTER");
+    const std::string v = e ? e : "";
+    if (e && v != "0" && v != "8" && v != "16") fail("DSV4_ATTEND_CLUSTER must be 0, 8 or 16 (got '", v, "')");
+    int expected = -2;
+    g_attend_cluster.compare_exchange_strong(expected, e ? std::stoi(v) : -1);
+  }
+  const int want = g_attend_cluster.load(std::memory_order_relaxed);
+  if (want >= 0) {
+    if (want == 16) attend_cluster_16_fits();  // sets the non-portable size attribute
+    return want;
+  }
+  return attend_cluster_16_fits() ? 16 : 8;
+}
+}  // namespace
+void set_attend_cluster(int size) {
+  if (size != -1 && size != 0 && size != 8 && size != 16) fail("attention cluster size must be -1 (automatic), 0, 8 or 16");
+  g_attend_cluster.store(size, std::memory_order_relaxed);
+}
+int attend_cluster_size(int64_t D) { return attend_cluster_for(D); }
+
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
   return att_max_rows(window, kind, topk_k, pos_end, ratio);
 }
@@ -2621,6 +2691,26 @@ void attend(const AttendArgs& a, cudaStream_t s) {
     launch(attend_tc_pv, dim3(static_cast<unsigned>(a.n), kTcAttD / kTcAttDv), 256, 0, s, a, static_cast<const float*>(stats));
     DSV4_LAUNCHED();
     return;
+  }
+  if (a.n == 1) {
+    const int cl = attend_cluster_for(a.D);
+    if (cl > 0) {
+      // Single token: the one-launch cluster kernel (attend_cluster.cuh). Rows per block for the capacity's rows
+      // (graph mode: max_rows bounds every position's), kept resident up to kAttClMaxRes.
+      const int64_t per = (a.max_rows + cl - 1) / cl;
+      const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
+      const size_t sm = att_cl_smem_bytes(res, a.D);
+      const dim3 grid(static_cast<unsigned>(cl), static_cast<unsigned>((a.H + kAttHeads - 1) / kAttHeads));
+      if (cl == 16) {
+        allow_smem(attend_cluster_kernel<16>, sm);
+        launch_clustered(16, attend_cluster_kernel<16>, grid, 256, sm, s, a, res);
+      } else {
+        allow_smem(attend_cluster_kernel<8>, sm);
+        launch_clustered(8, attend_cluster_kernel<8>, grid, 256, sm, s, a, res);
+      }
+      DSV4_LAUNCHED();
+      return;
+    }
   }
   const AttSplit sp = att_split(a.n, a.H, a.max_rows);
   // Graph mode launches the most chunks any position up to the capacity can need; the kernels recompute the actual
@@ -2792,12 +2882,11 @@ std::atomic<bool> g_expert_stage_once_on{switch_on("DSV4_EXPERT_STAGE_ONCE")};
 // only which warp walks which tile changes.
 std::atomic<bool> g_expert_balance_on{switch_on("DSV4_EXPERT_BALANCE")};
 void set_expert_balance(bool on) { g_expert_balance_on.store(on, std::memory_order_relaxed); }
-// The MXFP4 MMA launches on expert_ring_kernel's MMA_ONLY variant (DSV4_EXPERT_MMA_ONLY=1 / set_expert_mma_only(true);
-// default off until measured on a GPU): the same walks without the FMA ones in the kernel.
-std::atomic<bool> g_expert_mma_only_on{[] {
-  const char* e = std::getenv("DSV4_EXPERT_MMA_ONLY");
-  return e && std::string(e) == "1";
-}()};
+// The MXFP4 MMA launches on expert_ring_kernel's MMA_ONLY variant (default; DSV4_EXPERT_MMA_ONLY=0 /
+// set_expert_mma_only(false): the full kernel, A/B): the same walks without the FMA ones in the kernel. Measured
+// (docs/BENCHMARKS.md, session 13, two A/B pairs each): one H200 20 layers 167.8 / 167.5 -> 166.5 / 166.7 us per layer,
+// TP2 147.5 / 146.7 -> 143.8 / 143.5.
+std::atomic<bool> g_expert_mma_only_on{switch_on("DSV4_EXPERT_MMA_ONLY")};
 void set_expert_mma_only(bool on) { g_expert_mma_only_on.store(on, std::memory_order_relaxed); }
 std::atomic<int64_t> g_mma_only_launches{0};
 int64_t expert_mma_only_launches() { return g_mma_only_launches.load(std::memory_order_relaxed); }

@@ -276,6 +276,12 @@ void router(const RouterArgs& a, cudaStream_t s);
 // The decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store inside
 // the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the attention
 // output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's norm_rope launch).
+// Single-token attention as one launch of thread-block clusters (attend_cluster.cuh) instead of three split-KV
+// launches: size -1 automatic (16 where the device co-schedules them, else 8; the default, DSV4_ATTEND_CLUSTER unset),
+// 0 the split kernels (DSV4_ATTEND_CLUSTER=0), 8 or 16 forced. attend_cluster_size: the size attend() uses now for
+// head dim D (0: split kernels).
+void set_attend_cluster(int size);
+int attend_cluster_size(int64_t D);
 void set_attend_store_fuse(bool on);
 bool attend_store_fuse_enabled();
 void set_attend_derope_fuse(bool on);
@@ -354,7 +360,7 @@ void set_shared_expert_mma(bool on);
 // (default on; DSV4_EXPERT_BALANCE=0 / false: both from warp 0 up). Bit-identical either way.
 void set_expert_balance(bool on);
 // The MXFP4 MMA launches (expert_mma_mode 2, or 1 without the fused shared expert) on a kernel variant without the FMA
-// walks (smaller code, fewer registers; bit-identical). Default off; DSV4_EXPERT_MMA_ONLY=1 / true: on.
+// walks (smaller code, fewer registers; bit-identical). Default on; DSV4_EXPERT_MMA_ONLY=0 / false: off (A/B).
 void set_expert_mma_only(bool on);
 int64_t expert_mma_only_launches();  // launches that took that variant since the process started (tests)
 // The ring kernel's mma argument for a (0: not the MMA walk, 1: the MMA walk, 2: and the shared expert on MMAs).

@@ -1,0 +1,183 @@
+// Single-token decode attention as ONE launch: the three split-KV kernels (scores, pv, merge; kernels.cu) as the
+// phases of one thread-block cluster per 16-head group, which meet at hardware cluster barriers and exchange their
+// chunk statistics and partial outputs through distributed shared memory (DSMEM).
+//
+// Why: the decode trace (docs/BENCHMARKS.md) had the three launches at ~21 us per layer for ~1.3 MB of KV: two kernel
+// boundaries (~2.5 us each with PDL) plus each kernel's fixed latency. An earlier one-launch version whose 160 blocks
+// met at two GLOBAL-memory barriers was slower (barriers 2.5 + 4.2 us, session 9); a cluster barrier is a hardware
+// barrier among <= 16 co-scheduled blocks, and the data they exchange never leaves the GPC.
+//
+// Numerics: the same function as the split kernels -- the same per-row scores (att_tile_scores), per-chunk (max,
+// sum exp) in double (att_chunk_stats), global (M, Z) with the sink added once, p = exp(S - M) / Z ([official] BF16),
+// p * v summed over a chunk's rows in row order, the chunks' partials summed in chunk order ([official] BF16), the
+// fused inverse RoPE and window store of attend_merge_kernel -- with CL chunks (one per block of the cluster) instead
+// of the split kernels' ~40, so only the summation order of Z and of o differs (the op test bounds it).
+//
+// Layout: block (c, g) of the grid (CL, head groups) = chunk c (rank c of its cluster) of head group g. Its rows sit
+// in shared memory from the scores to the p * v (K = V: one load serves both products), all copies in flight at once;
+// rows beyond `res` per block (HCA at very long contexts) are processed in batches, reloaded for p * v.
+// Included INSIDE kernels.cu's anonymous namespace, after the split kernels' helpers (att_*).
+#pragma once
+// (<cooperative_groups.h>: included at the top of kernels.cu, outside its namespaces.)
+
+// Dynamic shared memory of attend_cluster_kernel for `res` resident rows of D floats: the rows (reused for the block's
+// partial output, 16 heads x D <= res x D), P [16][res], the row pointers and flags.
+__host__ __device__ inline size_t att_cl_smem_bytes(int res, int64_t D) {
+  return static_cast<size_t>(res) * D * 4 + static_cast<size_t>(kAttHeads) * res * 4 + static_cast<size_t>(res) * (8 + 4);
+}
+
+// Starts the copies of rows [j0, j0 + nr) of the query (nr <= the tile's capacity) into tile: the row pointers are
+// resolved first (one thread per row), then every 16-byte piece is in flight at once; att_wait_tile completes them.
+__device__ __forceinline__ void att_cl_issue_rows(const AttendArgs& a, const AttGeom& g, int j0, int nr, float* tile,
+                                                  const float** rp, int* valid) {
+  for (int r = threadIdx.x; r < nr; r += blockDim.x) {
+    bool skip = true;
+    const float* p = attend_row(a, 0, g.t, g.wstart, g.nwin, j0 + r, &skip);
+    rp[r] = p;
+    valid[r] = !skip && p != nullptr;
+  }
+  __syncthreads();
+  const int D4 = static_cast<int>(a.D / 4);
+  for (int x = threadIdx.x; x < nr * D4; x += blockDim.x) {
+    const int r = x / D4, e = x % D4;
+    const bool ok = valid[r] != 0;
+    cp_async16_zfill(reinterpret_cast<float4*>(tile) + r * D4 + e, ok ? reinterpret_cast<const float4*>(rp[r]) + e : reinterpret_cast<const float4*>(a.q), ok);
+  }
+  cp_async_commit();
+}
+
+template <int CL>
+__global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int res) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  pdl_wait();
+  extern __shared__ float4 att_cl_smem[];
+  float* tile = reinterpret_cast<float*>(att_cl_smem);               // [res][D]; later the partial output [16][D]
+  float* P = tile + static_cast<int64_t>(res) * a.D;                 // [16][res]
+  const float** rp = reinterpret_cast<const float**>(P + kAttHeads * res);
+  int* valid = reinterpret_cast<int*>(rp + res);
+  __shared__ float stats[kAttHeads * 2];  // this chunk's (max, sum exp) per head: read by the whole cluster
+  __shared__ float Ms[kAttHeads];
+  __shared__ double Zs[kAttHeads];
+  if (a.dpos) {
+    a.pos0 = *a.dpos;
+    a.n_comp = (a.pos0 + 1) / a.ratio;
+  }
+  const int c = static_cast<int>(cluster.block_rank()), h0 = blockIdx.y * kAttHeads;
+  const int hn = min(kAttHeads, a.H - h0);
+  const AttGeom g = att_geom(a, 0);
+  const int cr = (g.nrows + CL - 1) / CL, r0 = min(c * cr, g.nrows), r1 = min(r0 + cr, g.nrows);
+  const int D4 = static_cast<int>(a.D / 4);
+  const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
+  float* S = a.scratch + static_cast<int64_t>(h0) * a.max_rows;  // scores [head][row] (ld max_rows), this block's rows
+  const bool resident = r1 - r0 <= res;                           // one batch: the rows stay for p * v
+
+  // 1. Scores of the chunk's rows and its (max, sum exp) per head.
+  {
+    float4 q[2][kAttMaxD / 128];
+    att_load_q(a, 0, h0, hn, q);
+    for (int b0 = r0; b0 < r1; b0 += res) {
+      const int nb = min(res, r1 - b0);
+      if (b0 != r0) __syncthreads();  // the previous batch's rows are no longer read
+      att_cl_issue_rows(a, g, b0, nb, tile, rp, valid);
+      att_wait_tile();
+      for (int t = 0; t < nb; t += kAttTile)
+        att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, a.max_rows, b0 + t);
+    }
+  }
+  __syncthreads();  // this block's S writes are visible to its own threads
+  att_chunk_stats(S + r0, a.max_rows, r1 - r0, hn, stats, 2);
+  cluster.sync();  // every chunk's statistics are visible to the cluster
+
+  // 2. Global (M, Z) per head: the sink once, then the chunks' (max, sum) in chunk order over lanes (double).
+  {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int hh = warp; hh < hn; hh += blockDim.x >> 5) {
+      float m = -INFINITY, z = 0.0f;
+      if (lane < CL) {
+        const float* st = cluster.map_shared_rank(stats, lane);
+        m = st[hh * 2], z = st[hh * 2 + 1];
+      }
+      const float M = fmaxf(a.sink[h0 + hh], warp_max(m));
+      const double zz = warp_sum_d(m != -INFINITY ? static_cast<double>(z) * exp(static_cast<double>(m - M)) : 0.0);
+      if (lane == 0) {
+        Ms[hh] = M;
+        Zs[hh] = exp(static_cast<double>(a.sink[h0 + hh] - M)) + zz;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 3. p * v over the chunk's rows, in row order: thread (dim group gi of 4 dims, head half hf of 8 heads).
+  const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
+  float4 acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int b0 = r0; b0 < r1; b0 += res) {
+    const int nb = min(res, r1 - b0);
+    __syncthreads();  // P (and, when reloading, the rows) of the previous batch are no longer read
+    if (!resident) att_cl_issue_rows(a, g, b0, nb, tile, rp, valid);
+    for (int x = threadIdx.x; x < kAttHeads * nb; x += blockDim.x) {
+      const int hh = x / nb, r = x % nb;
+      float p = 0.0f;
+      if (hh < hn) {
+        const float s = S[static_cast<int64_t>(hh) * a.max_rows + b0 + r];
+        if (s != -INFINITY) {
+          p = static_cast<float>(exp(static_cast<double>(s - Ms[hh])) / Zs[hh]);
+          if (a.official) p = bf16r(p);
+        }
+      }
+      P[hh * res + r] = p;
+    }
+    if (!resident) cp_async_wait<0>();
+    __syncthreads();
+    if (hf < 2) {
+      for (int r = 0; r < nb; ++r) {
+        const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float p = P[(hf * 8 + k) * res + r];
+          acc[k].x += p * v.x, acc[k].y += p * v.y, acc[k].z += p * v.z, acc[k].w += p * v.w;
+        }
+      }
+    }
+  }
+  __syncthreads();  // the rows are no longer read: their memory takes the partial output
+  float* part = tile;  // [16][D]
+  if (hf < 2) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) reinterpret_cast<float4*>(part + static_cast<int64_t>(hf * 8 + k) * a.D)[gi] = acc[k];
+  }
+  cluster.sync();  // every chunk's partial output is visible to the cluster
+
+  // 4. Merge: block c owns pairs of elements of the group's hn x D outputs; each the sum of the chunks' partials in
+  // chunk order ([official] BF16), then (derope) the inverse RoPE of a rope pair, exactly as attend_merge_kernel.
+  {
+    const int64_t pairs = static_cast<int64_t>(hn) * a.D / 2, per = (pairs + CL - 1) / CL;
+    const int64_t nope = a.D - a.derope_dim;
+    const float* prt[CL];
+#pragma unroll
+    for (int cc = 0; cc < CL; ++cc) prt[cc] = cluster.map_shared_rank(part, cc);
+    for (int64_t x = c * per + threadIdx.x; x < min(pairs, (c + 1) * per); x += blockDim.x) {
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int cc = 0; cc < CL; ++cc) {
+        const float2 v = reinterpret_cast<const float2*>(prt[cc])[x];
+        s0 += v.x, s1 += v.y;
+      }
+      if (a.official) s0 = bf16r(s0), s1 = bf16r(s1);
+      const int64_t e = (2 * x) % a.D, hh = (2 * x) / a.D;
+      if (a.derope_inv_freq && e >= nope) {
+        rope_pair(s0, s1, static_cast<float>(a.pos0), a.derope_inv_freq[(e - nope) / 2], true);
+        if (a.official) s0 = bf16r(s0), s1 = bf16r(s1);
+      }
+      reinterpret_cast<float2*>(a.o + (h0 + hh) * a.D)[e / 2] = make_float2(s0, s1);
+    }
+  }
+  // The window store of the single token (see attend_merge_kernel: the slot is not read by this step).
+  if (a.store_ring && c == 0 && blockIdx.y == 0) {
+    float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
+    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+}

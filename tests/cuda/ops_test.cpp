@@ -873,10 +873,11 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
     expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
     if (n == 1) {
-      // A single token takes the one-launch cluster kernel by default (attend_cluster.cuh); each cluster size and the
+      // A single token may take the one-launch cluster kernel (attend_cluster.cuh; opt-in): each cluster size and the
       // three split-KV launches against the CPU, and against each other: the same function up to the summation order
-      // of Z (double) and of the chunks' partial outputs, so only last-bit and rare BF16 rounding differences.
-      EXPECT_GT(cu::attend_cluster_size(D), 0) << "the cluster kernel is the default for one token";
+      // of Z (double) and of the chunks' partial outputs, so only last-bit and rare BF16 rounding differences -- and
+      // none where the split kernels cut at most 8 chunks (the sliding window's 128 rows: 8 of 16), which the
+      // cluster's blocks then take one each.
       vector<float> split;
       for (int size : {0, 8, 16}) {
         cu::set_attend_cluster(size);
@@ -898,8 +899,11 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
         std::printf("[op] %s vs split-KV: rel L2 %.3g, bit-identical %.2f%%\n", w2.c_str(), st.rel,
                     100.0 * static_cast<double>(same) / static_cast<double>(got.size()));
         EXPECT_LE(st.rel, official ? 2e-3 : 1e-5) << w2;
+        if (kind == 0) {
+          EXPECT_EQ(same, got.size()) << w2 << ": the split kernels' chunks, the same values";
+        }
       }
-      cu::set_attend_cluster(-1);
+      cu::set_attend_cluster(0);
       a.o = dout.p;
       EXPECT_EQ(derr.get()[0], 0);
     }
@@ -967,11 +971,14 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
   DBuf<int64_t> dpos(vector<int64_t>{pos0});
   cudaStream_t s = nullptr;
   DSV4_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // The split kernels (cluster 0) and the one-launch cluster kernel (16; attend_cluster.cuh), each against itself.
+  for (int cluster : {0, 16})
   for (bool official : {false, true})
     for (bool graph : {false, true}) {
+      cu::set_attend_cluster(cluster);
       const std::string what = std::string("attend+store ") + std::to_string(H) + "h kind " + std::to_string(kind) +
                                " pos " + std::to_string(pos0) + (official ? " official" : " reference") +
-                               (graph ? " graph" : " eager");
+                               (graph ? " graph" : " eager") + (cluster ? " cluster 16" : "");
       cu::AttendArgs a;
       a.q = dq.p, a.kv = dkv.p, a.comp = dcomp.p, a.topk = dtopk.p, a.sink = dsink.p;
       a.n = 1, a.H = H, a.window = W, a.topk_k = K, a.ratio = ratio, a.kind = kind, a.D = D, a.pos0 = pos0, a.n_comp = ncomp;
@@ -1034,6 +1041,7 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
       EXPECT_EQ(derr.get()[0], 0) << what;
       std::printf("[op] %s: o and ring bit-identical to attend + window_store (+ inverse RoPE)\n", what.c_str());
     }
+  cu::set_attend_cluster(0);
   DSV4_CU(cudaStreamDestroy(s));
 }
 

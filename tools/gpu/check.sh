@@ -200,7 +200,7 @@ if [ -n "${SKIP_SANITIZER:-}" ]; then
   note "- sanitizer: skipped (SKIP_SANITIZER)"
 elif command -v compute-sanitizer > /dev/null; then
   step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/test_cuda" \
-    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter'
+    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.AttentionDecodeFusedWindowStore:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter'
 else
   note "- sanitizer: compute-sanitizer not found"
 fi

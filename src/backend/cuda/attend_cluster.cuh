@@ -6,12 +6,17 @@
 // boundaries (~2.5 us each with PDL) plus each kernel's fixed latency. An earlier one-launch version whose 160 blocks
 // met at two GLOBAL-memory barriers was slower (barriers 2.5 + 4.2 us, session 9); a cluster barrier is a hardware
 // barrier among <= 16 co-scheduled blocks, and the data they exchange never leaves the GPC.
+// Measured (session 13, one H200 / 2xH200): the kernel itself 17.4 us per layer in the decode trace vs 21.0 for the
+// three launches, but the step no faster (A/B -0.8 us per layer on one H200, +0.8 / +3.6 under TP2): the next kernel
+// (wo_a's ring GEMV) lost time -- its blocks, which start their weight copies beside the tiny merge kernel, do not
+// fit beside these blocks' ~100 KB of shared memory. So it is opt-in (DSV4_ATTEND_CLUSTER=16 / 8 / auto).
 //
 // Numerics: the same function as the split kernels -- the same per-row scores (att_tile_scores), per-chunk (max,
 // sum exp) in double (att_chunk_stats), global (M, Z) with the sink added once, p = exp(S - M) / Z ([official] BF16),
 // p * v summed over a chunk's rows in row order, the chunks' partials summed in chunk order ([official] BF16), the
 // fused inverse RoPE and window store of attend_merge_kernel -- with CL chunks (one per block of the cluster) instead
-// of the split kernels' ~40, so only the summation order of Z and of o differs (the op test bounds it).
+// of the split kernels' ~40 where there are more than CL of those, so only the summation order of Z and of o differs
+// (the op test bounds it); where there are at most CL, the blocks are the split kernels' chunks: the same bits.
 //
 // Layout: block (c, g) of the grid (CL, head groups) = chunk c (rank c of its cluster) of head group g. Its rows sit
 // in shared memory from the scores to the p * v (K = V: one load serves both products), all copies in flight at once;
@@ -24,26 +29,6 @@
 // partial output, 16 heads x D <= res x D), P [16][res], the row pointers and flags.
 __host__ __device__ inline size_t att_cl_smem_bytes(int res, int64_t D) {
   return static_cast<size_t>(res) * D * 4 + static_cast<size_t>(kAttHeads) * res * 4 + static_cast<size_t>(res) * (8 + 4);
-}
-
-// Starts the copies of rows [j0, j0 + nr) of the query (nr <= the tile's capacity) into tile: the row pointers are
-// resolved first (one thread per row), then every 16-byte piece is in flight at once; att_wait_tile completes them.
-__device__ __forceinline__ void att_cl_issue_rows(const AttendArgs& a, const AttGeom& g, int j0, int nr, float* tile,
-                                                  const float** rp, int* valid) {
-  for (int r = threadIdx.x; r < nr; r += blockDim.x) {
-    bool skip = true;
-    const float* p = attend_row(a, 0, g.t, g.wstart, g.nwin, j0 + r, &skip);
-    rp[r] = p;
-    valid[r] = !skip && p != nullptr;
-  }
-  __syncthreads();
-  const int D4 = static_cast<int>(a.D / 4);
-  for (int x = threadIdx.x; x < nr * D4; x += blockDim.x) {
-    const int r = x / D4, e = x % D4;
-    const bool ok = valid[r] != 0;
-    cp_async16_zfill(reinterpret_cast<float4*>(tile) + r * D4 + e, ok ? reinterpret_cast<const float4*>(rp[r]) + e : reinterpret_cast<const float4*>(a.q), ok);
-  }
-  cp_async_commit();
 }
 
 template <int CL>
@@ -66,7 +51,12 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
   const int c = static_cast<int>(cluster.block_rank()), h0 = blockIdx.y * kAttHeads;
   const int hn = min(kAttHeads, a.H - h0);
   const AttGeom g = att_geom(a, 0);
-  const int cr = (g.nrows + CL - 1) / CL, r0 = min(c * cr, g.nrows), r1 = min(r0 + cr, g.nrows);
+  // The split kernels' chunks at this position (att_split), ceil(chunks / CL) whole ones per block: with at most CL
+  // chunks (a sliding-window layer, a short context) every block is one split-KV chunk and the result is the split
+  // kernels' bit for bit; with more (a CSA layer: 40 chunks of 16 rows), blocks of 3 chunks.
+  const int cr0 = att_split(1, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + 1, a.ratio), a.split_target).rows_per_chunk;
+  const int cr = (g.nrows + cr0 - 1) / cr0 > CL ? ((g.nrows + cr0 - 1) / cr0 + CL - 1) / CL * cr0 : cr0;
+  const int r0 = min(c * cr, g.nrows), r1 = min(r0 + cr, g.nrows);
   const int D4 = static_cast<int>(a.D / 4);
   const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
   float* S = a.scratch + static_cast<int64_t>(h0) * a.max_rows;  // scores [head][row] (ld max_rows), this block's rows
@@ -79,7 +69,7 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
     for (int b0 = r0; b0 < r1; b0 += res) {
       const int nb = min(res, r1 - b0);
       if (b0 != r0) __syncthreads();  // the previous batch's rows are no longer read
-      att_cl_issue_rows(a, g, b0, nb, tile, rp, valid);
+      att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
       att_wait_tile();
       for (int t = 0; t < nb; t += kAttTile)
         att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, a.max_rows, b0 + t);
@@ -116,7 +106,7 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
   for (int b0 = r0; b0 < r1; b0 += res) {
     const int nb = min(res, r1 - b0);
     __syncthreads();  // P (and, when reloading, the rows) of the previous batch are no longer read
-    if (!resident) att_cl_issue_rows(a, g, b0, nb, tile, rp, valid);
+    if (!resident) att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
     for (int x = threadIdx.x; x < kAttHeads * nb; x += blockDim.x) {
       const int hh = x / nb, r = x % nb;
       float p = 0.0f;

@@ -1302,9 +1302,13 @@ struct AttSplit {
 };
 // Host and device: graph mode recomputes the chunking in the kernels from the step's actual row count.
 __host__ __device__ inline int64_t att_max(int64_t a, int64_t b) { return a > b ? a : b; }
-__host__ __device__ inline AttSplit att_split(int n, int H, int64_t max_rows) {
+// target: the blocks (chunks x head groups x queries) to aim for (kAttSplitTarget: two per SM of an H200; AttendArgs::
+// split_target, DSV4_ATTEND_SPLIT, may ask for fewer: fewer, longer chunks, fewer partial outputs to merge).
+constexpr int kAttSplitTarget = 264;
+static_assert(AttendArgs{}.split_target == kAttSplitTarget, "AttendArgs' default split target is kAttSplitTarget");
+__host__ __device__ inline AttSplit att_split(int n, int H, int64_t max_rows, int target = kAttSplitTarget) {
   const int hg = (H + kAttHeads - 1) / kAttHeads;
-  const int64_t want = att_max(1, (264 + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
+  const int64_t want = att_max(1, (target + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
   const int64_t tiles = att_max(1, (max_rows + kAttTile - 1) / kAttTile);
   const int64_t nc = want < tiles ? want : tiles;
   const int64_t cr = att_max(1, (max_rows + nc - 1) / nc);
@@ -1318,7 +1322,7 @@ __device__ __forceinline__ void att_resolve(AttendArgs& a, int& cr) {
   if (!a.dpos) return;
   a.pos0 = *a.dpos;
   a.n_comp = (a.pos0 + a.n) / a.ratio;
-  cr = att_split(a.n, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + a.n, a.ratio)).rows_per_chunk;
+  cr = att_split(a.n, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + a.n, a.ratio), a.split_target).rows_per_chunk;
 }
 
 struct AttGeom {
@@ -1335,17 +1339,17 @@ __device__ __forceinline__ AttGeom att_geom(const AttendArgs& a, int i) {
   return g;
 }
 
-// Starts the copy of rows [j0, j0 + nr) of query i into the tile (row pointers resolved by attend_row; skipped rows
-// flagged and zero-filled); att_wait_tile completes it. The row copies are asynchronous, all in flight at once: a
-// load-then-store loop waited on one memory round trip per iteration (8 per thread for a 16 x 512 tile).
+// Starts the copy of rows [j0, j0 + nr) of query i into the tile (nr <= its capacity; row pointers resolved by
+// attend_row, one thread per row; skipped rows flagged and zero-filled); att_wait_tile completes it. The row copies
+// are asynchronous, all in flight at once: a load-then-store loop waited on one memory round trip per iteration (8 per
+// thread for a 16 x 512 tile).
 __device__ __forceinline__ void att_issue_tile(const AttendArgs& a, int i, const AttGeom& g, int j0, int nr, float* tile,
                                                const float** rp, int* valid) {
-  if (threadIdx.x < kAttTile) {
+  for (int r = threadIdx.x; r < nr; r += blockDim.x) {
     bool skip = true;
-    const float* p = nullptr;
-    if (static_cast<int>(threadIdx.x) < nr) p = attend_row(a, i, g.t, g.wstart, g.nwin, j0 + threadIdx.x, &skip);
-    rp[threadIdx.x] = p;
-    valid[threadIdx.x] = !skip && p != nullptr;
+    const float* p = attend_row(a, i, g.t, g.wstart, g.nwin, j0 + r, &skip);
+    rp[r] = p;
+    valid[r] = !skip && p != nullptr;
   }
   __syncthreads();
   const int D4 = static_cast<int>(a.D / 4);
@@ -2598,10 +2602,12 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   DSV4_LAUNCHED();
 }
 
-// The single-token attention's cluster size (attend_cluster.cuh): 16 blocks (a non-portable size) where the device
-// can co-schedule as many 16-block clusters of the largest configuration as a 64-head layer has head groups, else 8;
-// 0 (DSV4_ATTEND_CLUSTER=0 / set_attend_cluster(0)): the three split-KV launches. DSV4_ATTEND_CLUSTER=8 / 16 force
-// a size (A/B).
+// The single-token attention's cluster size (attend_cluster.cuh). 0 (the default; DSV4_ATTEND_CLUSTER unset or 0):
+// the three split-KV launches -- the one-launch cluster kernel measured no faster in the decode step (A/B, docs/
+// BENCHMARKS.md session 13: one H200 -0.8 us per layer, TP2 +0.8 / +3.6: its blocks hold ~100 KB of shared memory,
+// so the next GEMV's blocks cannot start their weight prefetch beside it as they do beside the tiny merge kernel).
+// DSV4_ATTEND_CLUSTER=8 / 16 force a size, =auto: 16 blocks (a non-portable size) where the device co-schedules as
+// many 16-block clusters of the largest configuration as a 64-head layer has head groups, else 8.
 namespace {
 constexpr int kAttClMaxRes = 96;
 std::atomic<int> g_attend_cluster{-2};  // -2: DSV4_ATTEND_CLUSTER not read yet; -1: automatic; else the size
@@ -2636,10 +2642,10 @@ int attend_cluster_for(int64_t D) {
   if (D % 4 != 0 || D > kAttMaxD) return 0;
   if (g_attend_cluster.load(std::memory_order_relaxed) == -2) {
     const char* e = std::getenv("DSV4_ATTEND_CLUSTER");
-    const std::string v = e ? e : "";
-    if (e && v != "0" && v != "8" && v != "16") fail("DSV4_ATTEND_CLUSTER must be 0, 8 or 16 (got '", v, "')");
+    const std::string v = e ? e : "0";
+    if (v != "0" && v != "8" && v != "16" && v != "auto") fail("DSV4_ATTEND_CLUSTER must be 0, 8, 16 or auto (got '", v, "')");
     int expected = -2;
-    g_attend_cluster.compare_exchange_strong(expected, e ? std::stoi(v) : -1);
+    g_attend_cluster.compare_exchange_strong(expected, v == "auto" ? -1 : std::stoi(v));
   }
   const int want = g_attend_cluster.load(std::memory_order_relaxed);
   if (want >= 0) {
@@ -2655,12 +2661,30 @@ void set_attend_cluster(int size) {
 }
 int attend_cluster_size(int64_t D) { return attend_cluster_for(D); }
 
+// DSV4_ATTEND_SPLIT=N (16 <= N <= kAttSplitTarget; default kAttSplitTarget): the split-KV kernels' target block count
+// (att_split), an A/B knob. Read once per process; a bad value is an error at the first attention.
+namespace {
+int attend_split_target() {
+  static const int t = [] {
+    const char* e = std::getenv("DSV4_ATTEND_SPLIT");
+    if (!e) return kAttSplitTarget;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (end == e || *end != '\0' || v < 16 || v > kAttSplitTarget)
+      fail("DSV4_ATTEND_SPLIT must be an integer in [16, ", kAttSplitTarget, "] (got '", e, "')");
+    return static_cast<int>(v);
+  }();
+  return t;
+}
+}  // namespace
+
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
   return att_max_rows(window, kind, topk_k, pos_end, ratio);
 }
 
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
-  const AttSplit sp = att_split(n, H, max_rows);  // room for sp.bound chunks: graph mode launches that many
+  // Room for sp.bound chunks (graph mode launches that many) at the largest target (attend() refuses larger ones).
+  const AttSplit sp = att_split(n, H, max_rows);
   return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.bound * H * (2 + D) + 8;  // + alignment
 }
 
@@ -2668,8 +2692,10 @@ bool attend_uses_tc(const AttendArgs& a) {
   return a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled();
 }
 
-void attend(const AttendArgs& a, cudaStream_t s) {
-  if (a.n <= 0) return;
+void attend(const AttendArgs& a_in, cudaStream_t s) {
+  if (a_in.n <= 0) return;
+  AttendArgs a = a_in;
+  a.split_target = attend_split_target();
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
@@ -2697,7 +2723,8 @@ void attend(const AttendArgs& a, cudaStream_t s) {
     if (cl > 0) {
       // Single token: the one-launch cluster kernel (attend_cluster.cuh). Rows per block for the capacity's rows
       // (graph mode: max_rows bounds every position's), kept resident up to kAttClMaxRes.
-      const int64_t per = (a.max_rows + cl - 1) / cl;
+      const AttSplit sp = att_split(1, a.H, a.max_rows, a.split_target);  // as the kernel chunks the capacity's rows
+      const int64_t per = (sp.nchunks > cl ? (sp.nchunks + cl - 1) / cl : 1) * static_cast<int64_t>(sp.rows_per_chunk);
       const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
       const size_t sm = att_cl_smem_bytes(res, a.D);
       const dim3 grid(static_cast<unsigned>(cl), static_cast<unsigned>((a.H + kAttHeads - 1) / kAttHeads));
@@ -2712,7 +2739,7 @@ void attend(const AttendArgs& a, cudaStream_t s) {
       return;
     }
   }
-  const AttSplit sp = att_split(a.n, a.H, a.max_rows);
+  const AttSplit sp = att_split(a.n, a.H, a.max_rows, a.split_target);
   // Graph mode launches the most chunks any position up to the capacity can need; the kernels recompute the actual
   // chunking, so the extra chunks are empty (max -inf, zero partials) and change no sum.
   const int nchunks = a.dpos ? sp.bound : sp.nchunks;

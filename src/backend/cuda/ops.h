@@ -247,6 +247,9 @@ struct AttendArgs {
   // query's position, [official] BF16) -- attn_out's norm_rope fused into the merge kernel, bit for bit.
   const float* derope_inv_freq = nullptr;
   int derope_dim = 0;
+  // Set by attend() itself (DSV4_ATTEND_SPLIT): the split-KV chunking's target block count, which the kernels'
+  // device-side rechunking (graph mode) must use too.
+  int split_target = 264;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
@@ -277,9 +280,9 @@ void router(const RouterArgs& a, cudaStream_t s);
 // the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the attention
 // output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's norm_rope launch).
 // Single-token attention as one launch of thread-block clusters (attend_cluster.cuh) instead of three split-KV
-// launches: size -1 automatic (16 where the device co-schedules them, else 8; the default, DSV4_ATTEND_CLUSTER unset),
-// 0 the split kernels (DSV4_ATTEND_CLUSTER=0), 8 or 16 forced. attend_cluster_size: the size attend() uses now for
-// head dim D (0: split kernels).
+// launches: size 0 the split kernels (the default: DSV4_ATTEND_CLUSTER unset or 0), 8 or 16 forced, -1 automatic
+// (DSV4_ATTEND_CLUSTER=auto: 16 where the device co-schedules them, else 8). attend_cluster_size: the size attend()
+// uses now for head dim D (0: split kernels).
 void set_attend_cluster(int size);
 int attend_cluster_size(int64_t D);
 void set_attend_store_fuse(bool on);

@@ -759,6 +759,25 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
       EXPECT_GE(cu::expert_mma_only_launches() - only0, down_ring ? 2 : 1) << "the MMA-only variant ran (default)";
     }
     same_bits_with(cu::set_expert_mma_only, false, "the full kernel vs the MMA-only kernel");
+    if (down_ring) {
+      // The MoE reduction folded into the down launch (ExpertArgs::fold_out) vs the same launch + moe_reduce: the same
+      // bits, the down outputs unchanged, the ticket left zeroed (twice: the second launch reuses it).
+      DBuf<float> ref(static_cast<size_t>(d)), got(static_cast<size_t>(d)), y5(static_cast<size_t>((k + 1) * d));
+      DBuf<unsigned> ticket(1);
+      cu::moe_reduce(y[1].p, shared ? y[1].p + static_cast<size_t>(k) * d : nullptr, 1, k, d, official, ref.p, nullptr);
+      const vector<float> want = ref.get();
+      cu::ExpertArgs c = dn;
+      c.act = act[1].p, c.y = y5.p;
+      c.fold_out = got.p, c.fold_ys = shared ? y5.p + static_cast<size_t>(k) * d : nullptr, c.fold_ticket = ticket.p;
+      c.fold_official = official;
+      for (int rep = 0; rep < 2; ++rep) {
+        cu::fill_f32(got.p, d, std::nanf(""), nullptr);  // poison: the fold writes every output
+        cu::expert_down(c, nullptr);
+        EXPECT_EQ(0, std::memcmp(got.get().data(), want.data(), want.size() * 4)) << "folded reduction vs moe_reduce, rep " << rep;
+        EXPECT_EQ(0, std::memcmp(y5.get().data(), y1.data(), y1.size() * 4)) << "down outputs with the fold, rep " << rep;
+        EXPECT_EQ(ticket.get()[0], 0u) << "the ticket is left zeroed";
+      }
+    }
     {
       // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
       // (down only where it is a ring launch: other down kernels read the row-major weights, null here).
@@ -873,15 +892,21 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
     expect_close(dout.get(), ref, official, what.c_str());
     EXPECT_EQ(derr.get()[0], 0);
     if (n == 1) {
-      // A single token may take the one-launch cluster kernel (attend_cluster.cuh; opt-in): each cluster size and the
+      // A single token may take the one-launch cluster kernel (attend_cluster.cuh; the default at >= 64 heads where
+      // 16-block clusters fit -- an H200: checked below): each cluster size and the
       // three split-KV launches against the CPU, and against each other: the same function up to the summation order
       // of Z (double) and of the chunks' partial outputs, so only last-bit and rare BF16 rounding differences -- and
       // none where the split kernels cut at most 8 chunks (the sliding window's 128 rows: 8 of 16), which the
       // cluster's blocks then take one each.
+      int sms = 0;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+      if (sms >= 132) {
+        EXPECT_EQ(cu::attend_cluster_size(D, H), H >= 64 ? 16 : 0) << "the automatic choice on an H100/H200";
+      }
       vector<float> split;
       for (int size : {0, 8, 16}) {
         cu::set_attend_cluster(size);
-        ASSERT_EQ(cu::attend_cluster_size(D), size);
+        ASSERT_EQ(cu::attend_cluster_size(D, H), size);
         DBuf<float> d2(ref.size());
         cu::fill_f32(d2.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
         a.o = d2.p;
@@ -903,7 +928,7 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
           EXPECT_EQ(same, got.size()) << w2 << ": the split kernels' chunks, the same values";
         }
       }
-      cu::set_attend_cluster(0);
+      cu::set_attend_cluster(-1);
       a.o = dout.p;
       EXPECT_EQ(derr.get()[0], 0);
     }
@@ -1041,7 +1066,7 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
       EXPECT_EQ(derr.get()[0], 0) << what;
       std::printf("[op] %s: o and ring bit-identical to attend + window_store (+ inverse RoPE)\n", what.c_str());
     }
-  cu::set_attend_cluster(0);
+  cu::set_attend_cluster(-1);
   DSV4_CU(cudaStreamDestroy(s));
 }
 

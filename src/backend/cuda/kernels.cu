@@ -2145,8 +2145,9 @@ std::atomic<bool> g_ring_on{[] {
 // Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
 // + mma_walk's part sums: a 1 KB function-level __shared__ buffer per instantiation, four per MXFP4 expert kernel (the
 // shared expert's walk staging once and staging its own input, and the routed walk on row-major and on tile-major
-// weights; ptxas: 5,376 static bytes = 16 x 80 + 4 x 1024).
-constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 4096;
+// weights; ptxas: 5,376 static bytes = 16 x 80 + 4 x 1024) + the folded MoE reduction's flag (moe_fold_tail; the down
+// kernels: 5,380).
+constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 4096 + 16;
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
 // FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)
 // but has no op test at real shapes yet: it keeps the v3 kernels.
@@ -2602,12 +2603,14 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   DSV4_LAUNCHED();
 }
 
-// The single-token attention's cluster size (attend_cluster.cuh). 0 (the default; DSV4_ATTEND_CLUSTER unset or 0):
-// the three split-KV launches -- the one-launch cluster kernel measured no faster in the decode step (A/B, docs/
-// BENCHMARKS.md session 13: one H200 -0.8 us per layer, TP2 +0.8 / +3.6: its blocks hold ~100 KB of shared memory,
-// so the next GEMV's blocks cannot start their weight prefetch beside it as they do beside the tiny merge kernel).
-// DSV4_ATTEND_CLUSTER=8 / 16 force a size, =auto: 16 blocks (a non-portable size) where the device co-schedules as
-// many 16-block clusters of the largest configuration as a 64-head layer has head groups, else 8.
+// The single-token attention's cluster size (attend_cluster.cuh; 0: the three split-KV launches). Automatic (the
+// default; DSV4_ATTEND_CLUSTER unset or auto): 16-block clusters (a non-portable size; where the device co-schedules
+// four of the largest configuration) for layers of >= 4 head groups (64 heads: Flash on one GPU), else the split
+// kernels. Measured (docs/BENCHMARKS.md, session 13): one H200 -0.6 to -2.5 us per layer in four A/B pairs; TP2 (32
+// heads: 2 groups, 32 blocks) +0.8 / +3.6, and 8-block clusters +3.5 on one H200 -- the cluster's blocks hold ~100 KB
+// of shared memory, so the next GEMV's blocks cannot start their weight prefetch beside them as they do beside the
+// split path's tiny merge kernel, which eats most of the kernel's own saving (17.4 vs 21.0 us per layer in the trace).
+// DSV4_ATTEND_CLUSTER=0 / 8 / 16 force a choice (A/B).
 namespace {
 constexpr int kAttClMaxRes = 96;
 std::atomic<int> g_attend_cluster{-2};  // -2: DSV4_ATTEND_CLUSTER not read yet; -1: automatic; else the size
@@ -2638,11 +2641,11 @@ int attend_cluster_16_fits() {
   }
   return fits[dev] = n >= 4 ? 1 : 0;
 }
-int attend_cluster_for(int64_t D) {
+int attend_cluster_for(int64_t D, int H) {
   if (D % 4 != 0 || D > kAttMaxD) return 0;
   if (g_attend_cluster.load(std::memory_order_relaxed) == -2) {
     const char* e = std::getenv("DSV4_ATTEND_CLUSTER");
-    const std::string v = e ? e : "0";
+    const std::string v = e ? e : "auto";
     if (v != "0" && v != "8" && v != "16" && v != "auto") fail("DSV4_ATTEND_CLUSTER must be 0, 8, 16 or auto (got '", v, "')");
     int expected = -2;
     g_attend_cluster.compare_exchange_strong(expected, v == "auto" ? -1 : std::stoi(v));
@@ -2652,14 +2655,14 @@ int attend_cluster_for(int64_t D) {
     if (want == 16) attend_cluster_16_fits();  // sets the non-portable size attribute
     return want;
   }
-  return attend_cluster_16_fits() ? 16 : 8;
+  return (H + kAttHeads - 1) / kAttHeads >= 4 && attend_cluster_16_fits() ? 16 : 0;
 }
 }  // namespace
 void set_attend_cluster(int size) {
   if (size != -1 && size != 0 && size != 8 && size != 16) fail("attention cluster size must be -1 (automatic), 0, 8 or 16");
   g_attend_cluster.store(size, std::memory_order_relaxed);
 }
-int attend_cluster_size(int64_t D) { return attend_cluster_for(D); }
+int attend_cluster_size(int64_t D, int H) { return attend_cluster_for(D, H); }
 
 // DSV4_ATTEND_SPLIT=N (16 <= N <= kAttSplitTarget; default kAttSplitTarget): the split-KV kernels' target block count
 // (att_split), an A/B knob. Read once per process; a bad value is an error at the first attention.
@@ -2719,7 +2722,7 @@ void attend(const AttendArgs& a_in, cudaStream_t s) {
     return;
   }
   if (a.n == 1) {
-    const int cl = attend_cluster_for(a.D);
+    const int cl = attend_cluster_for(a.D, a.H);
     if (cl > 0) {
       // Single token: the one-launch cluster kernel (attend_cluster.cuh). Rows per block for the capacity's rows
       // (graph mode: max_rows bounds every position's), kept resident up to kAttClMaxRes.
@@ -3068,8 +3071,17 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   DSV4_LAUNCHED();
 }
 
+std::atomic<bool> g_moe_fold_on{switch_on("DSV4_MOE_FOLD")};
+void set_moe_fold(bool on) { g_moe_fold_on.store(on, std::memory_order_relaxed); }
+bool moe_fold_enabled() { return g_moe_fold_on.load(std::memory_order_relaxed); }
+std::atomic<int64_t> g_moe_fold_launches{0};
+int64_t moe_fold_launches() { return g_moe_fold_launches.load(std::memory_order_relaxed); }
+
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.fold_out && (a.n != 1 || !a.fold_ticket || !expert_ring_eligible(a, false)))
+    fail("expert_down: the folded MoE reduction takes one token, a ticket and the ring launch");
+  if (a.fold_out) g_moe_fold_launches.fetch_add(1, std::memory_order_relaxed);
   if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);

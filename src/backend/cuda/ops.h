@@ -280,11 +280,11 @@ void router(const RouterArgs& a, cudaStream_t s);
 // the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the attention
 // output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's norm_rope launch).
 // Single-token attention as one launch of thread-block clusters (attend_cluster.cuh) instead of three split-KV
-// launches: size 0 the split kernels (the default: DSV4_ATTEND_CLUSTER unset or 0), 8 or 16 forced, -1 automatic
-// (DSV4_ATTEND_CLUSTER=auto: 16 where the device co-schedules them, else 8). attend_cluster_size: the size attend()
-// uses now for head dim D (0: split kernels).
+// launches: size -1 automatic (the default, DSV4_ATTEND_CLUSTER unset or auto: 16-block clusters for >= 64 heads
+// where the device co-schedules them, else the split kernels), 0 the split kernels, 8 or 16 forced.
+// attend_cluster_size: the size attend() uses now for head dim D and H heads (0: the split kernels).
 void set_attend_cluster(int size);
-int attend_cluster_size(int64_t D);
+int attend_cluster_size(int64_t D, int H);
 void set_attend_store_fuse(bool on);
 bool attend_store_fuse_enabled();
 void set_attend_derope_fuse(bool on);
@@ -347,7 +347,19 @@ struct ExpertArgs {
   // Every expert of the table has its tile-major copies (DevExpert::t13 / t2): the decode MMA walk reads those
   // instead of the row-major rows (same bytes, same arithmetic: bit-identical results).
   bool tiles = false;
+  // Decode (n == 1) on the ring launch of expert_down (expert_ring_eligible; anything else throws): the MoE reduction
+  // folded into that launch. Its last block to finish (fold_ticket: a zeroed counter, left zeroed) writes
+  // fold_out[j] = the slots' y[s][j], s < k, summed in double in slot order, + fold_ys[j] (null: nothing), as float
+  // ([fold_official] BF16) -- moe_reduce's arithmetic, bit for bit, one launch and kernel boundary fewer.
+  float* fold_out = nullptr;
+  const float* fold_ys = nullptr;
+  unsigned* fold_ticket = nullptr;
+  bool fold_official = false;
 };
+// DSV4_MOE_FOLD=0 / set_moe_fold(false): the backend launches moe_reduce instead of folding it (A/B).
+void set_moe_fold(bool on);
+bool moe_fold_enabled();
+int64_t moe_fold_launches();  // expert_down launches that folded the reduction since the process started (tests)
 // Fills t13 (tile_bytes(true, d, I) bytes) and t2 (tile_bytes(false, d, I)) with expert e's tile-major copies
 // (expert_tiles.h), asynchronously on s. MXFP4 only, d and I multiples of 128; anything else throws.
 void build_expert_tiles(const DevExpert& e, WeightFormat fmt, int64_t d, int64_t I, int64_t sb1, int64_t sb2,

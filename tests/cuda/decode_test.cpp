@@ -167,9 +167,7 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_attn_fork(on);
     cuda::set_attend_derope_fuse(on);
     cuda::set_hc_defer_sinkhorn(on);
-    cuda::set_moe_fold(on);
   };
-  const int64_t folds0 = cuda::moe_fold_launches();
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;
     const auto ids = read_bin<int32_t>(dir + "/ids.bin");
@@ -234,10 +232,6 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     }
   }
   set_all(true);
-  // Whether these fixtures' single-token steps take the down ring launch (where the reduction folds) is a matter of
-  // their shapes; the op test (Mxfp4DecodeExpertsMma) checks the fold itself bit for bit.
-  std::printf("[cuda-graph] decode fusions: %lld down launches folded the MoE reduction\n",
-              static_cast<long long>(cuda::moe_fold_launches() - folds0));
 }
 
 // Batched decode across sequences (Forward::forward_batch: one token of each of up to 8 sequences at different

@@ -759,25 +759,6 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
       EXPECT_GE(cu::expert_mma_only_launches() - only0, down_ring ? 2 : 1) << "the MMA-only variant ran (default)";
     }
     same_bits_with(cu::set_expert_mma_only, false, "the full kernel vs the MMA-only kernel");
-    if (down_ring) {
-      // The MoE reduction folded into the down launch (ExpertArgs::fold_out) vs the same launch + moe_reduce: the same
-      // bits, the down outputs unchanged, the ticket left zeroed (twice: the second launch reuses it).
-      DBuf<float> ref(static_cast<size_t>(d)), got(static_cast<size_t>(d)), y5(static_cast<size_t>((k + 1) * d));
-      DBuf<unsigned> ticket(1);
-      cu::moe_reduce(y[1].p, shared ? y[1].p + static_cast<size_t>(k) * d : nullptr, 1, k, d, official, ref.p, nullptr);
-      const vector<float> want = ref.get();
-      cu::ExpertArgs c = dn;
-      c.act = act[1].p, c.y = y5.p;
-      c.fold_out = got.p, c.fold_ys = shared ? y5.p + static_cast<size_t>(k) * d : nullptr, c.fold_ticket = ticket.p;
-      c.fold_official = official;
-      for (int rep = 0; rep < 2; ++rep) {
-        cu::fill_f32(got.p, d, std::nanf(""), nullptr);  // poison: the fold writes every output
-        cu::expert_down(c, nullptr);
-        EXPECT_EQ(0, std::memcmp(got.get().data(), want.data(), want.size() * 4)) << "folded reduction vs moe_reduce, rep " << rep;
-        EXPECT_EQ(0, std::memcmp(y5.get().data(), y1.data(), y1.size() * 4)) << "down outputs with the fold, rep " << rep;
-        EXPECT_EQ(ticket.get()[0], 0u) << "the ticket is left zeroed";
-      }
-    }
     {
       // The MMA walks on the tile-major copies: the same bytes in each ring slot, so bit for bit the same outputs
       // (down only where it is a ring launch: other down kernels read the row-major weights, null here).

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
   // The split kernels' chunks at this position (att_split), ceil(chunks / CL) whole ones per block: with at most CL
   // chunks (a sliding-window layer, a short context) every block is one split-KV chunk and the result is the split
   // kernels' bit for bit; with more (a CSA layer: 40 chunks of 16 rows), blocks of 3 chunks.
-  const int cr0 = att_split(1, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + 1, a.ratio), a.split_target).rows_per_chunk;
+  const int cr0 = att_split(1, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + 1, a.ratio)).rows_per_chunk;
   const int cr = (g.nrows + cr0 - 1) / cr0 > CL ? ((g.nrows + cr0 - 1) / cr0 + CL - 1) / CL * cr0 : cr0;
   const int r0 = min(c * cr, g.nrows), r1 = min(r0 + cr, g.nrows);
   const int D4 = static_cast<int>(a.D / 4);

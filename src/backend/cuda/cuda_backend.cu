@@ -343,8 +343,6 @@ class CudaBackend final : public Backend {
     }
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
-    moe_ticket_ = static_cast<unsigned*>(heap_.alloc(sizeof(unsigned)));
-    DSV4_CU(cudaMemset(moe_ticket_, 0, sizeof(unsigned)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, sizeof(int64_t)));
     DSV4_CU(cudaDeviceSynchronize());
@@ -888,15 +886,11 @@ class CudaBackend final : public Backend {
     }
     a.y = ybuf;
     a.official = official_ && tp_ == 1;
-    // One GPU, one token, the ring launch, the shared expert's output (if any) already there (fused into this launch
-    // or computed earlier on this stream): the reduction rides in the down launch (ExpertArgs::fold_out).
-    const bool fold = tp_ == 1 && n == 1 && !fork && cuda::moe_fold_enabled() && cuda::expert_ring_eligible(a, false);
-    if (fold) a.fold_out = out, a.fold_ys = ys, a.fold_ticket = moe_ticket_, a.fold_official = official_;
     cuda::expert_down(a, s_);
     a.official = official_;
     if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done
     if (tp_ == 1) {
-      if (!fold) cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
+      cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
       return;
     }
     if (!ys) {  // no shared expert: its slot holds zeros
@@ -1456,7 +1450,6 @@ class CudaBackend final : public Backend {
   int captures_ = 0, replays_ = 0;
   DevHeap heap_;
   int* err_ = nullptr;
-  unsigned* moe_ticket_ = nullptr;  // the down launch's folded reduction (ExpertArgs::fold_ticket): zero between launches
   const void* embed_ = nullptr;
   int embed_dtype_ = 1;
   DevLinear head_;

@@ -212,28 +212,6 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // kernel without its FMA walks, which those launches never reach -- 76-78 KB of SASS instead of 189-217 KB and
 // 104-108 registers instead of 124-125 (ptxas): ncu sampled 18 % of the full kernel's warp stalls waiting for
 // instructions (docs/BENCHMARKS.md, session 12). Same code on the paths it keeps: the same bits.
-// ExpertArgs::fold_out: the block's y stores are fenced device-wide before it takes its ticket; the last block (all
-// the others' stores then visible: their fences precede their tickets) sums the slots as moe_reduce_kernel does,
-// reading through L2, and zeroes the ticket for the next launch (stream-ordered after this grid). Every thread calls.
-__device__ __forceinline__ void moe_fold_tail(const ExpertArgs& a) {
-  if (!a.fold_out) return;
-  __shared__ unsigned fold_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) fold_last = atomicAdd(a.fold_ticket, 1u) == gridDim.x - 1 ? 1u : 0u;
-  __syncthreads();
-  if (!fold_last) return;
-  __threadfence();
-  for (int64_t j = threadIdx.x; j < a.d; j += blockDim.x) {
-    double acc = 0.0;
-    for (int s = 0; s < a.k; ++s) acc += __ldcg(a.y + static_cast<int64_t>(s) * a.d + j);
-    if (a.fold_ys) acc += __ldcg(a.fold_ys + j);
-    const float v = static_cast<float>(acc);
-    a.fold_out[j] = a.fold_official ? bf16r(v) : v;
-  }
-  if (threadIdx.x == 0) *a.fold_ticket = 0u;
-}
-
 template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
                                                            bool balance) {
@@ -449,7 +427,6 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       if constexpr (!GATE_UP) {
         if (has_sh && once) walk_shared(std::false_type{}, Role2{});
         else if (has_sh) walk_shared(std::false_type{}, Role0{});
-        moe_fold_tail(a);
       }
       return;
     }
@@ -508,9 +485,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           stage_x<F>(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xs + static_cast<int64_t>(j) * a.I, a.qa8_act);
       }
     });
-    if constexpr (!GATE_UP) {
+    if constexpr (!GATE_UP)
       if (has_sh) walk_shared(std::false_type{}, Role0{});
-      moe_fold_tail(a);
-    }
   }
 }

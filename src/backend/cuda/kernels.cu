@@ -1302,13 +1302,9 @@ struct AttSplit {
 };
 // Host and device: graph mode recomputes the chunking in the kernels from the step's actual row count.
 __host__ __device__ inline int64_t att_max(int64_t a, int64_t b) { return a > b ? a : b; }
-// target: the blocks (chunks x head groups x queries) to aim for (kAttSplitTarget: two per SM of an H200; AttendArgs::
-// split_target, DSV4_ATTEND_SPLIT, may ask for fewer: fewer, longer chunks, fewer partial outputs to merge).
-constexpr int kAttSplitTarget = 264;
-static_assert(AttendArgs{}.split_target == kAttSplitTarget, "AttendArgs' default split target is kAttSplitTarget");
-__host__ __device__ inline AttSplit att_split(int n, int H, int64_t max_rows, int target = kAttSplitTarget) {
+__host__ __device__ inline AttSplit att_split(int n, int H, int64_t max_rows) {
   const int hg = (H + kAttHeads - 1) / kAttHeads;
-  const int64_t want = att_max(1, (target + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
+  const int64_t want = att_max(1, (264 + static_cast<int64_t>(n) * hg - 1) / (static_cast<int64_t>(n) * hg));
   const int64_t tiles = att_max(1, (max_rows + kAttTile - 1) / kAttTile);
   const int64_t nc = want < tiles ? want : tiles;
   const int64_t cr = att_max(1, (max_rows + nc - 1) / nc);
@@ -1322,7 +1318,7 @@ __device__ __forceinline__ void att_resolve(AttendArgs& a, int& cr) {
   if (!a.dpos) return;
   a.pos0 = *a.dpos;
   a.n_comp = (a.pos0 + a.n) / a.ratio;
-  cr = att_split(a.n, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + a.n, a.ratio), a.split_target).rows_per_chunk;
+  cr = att_split(a.n, a.H, att_max_rows(a.window, a.kind, a.topk_k, a.pos0 + a.n, a.ratio)).rows_per_chunk;
 }
 
 struct AttGeom {
@@ -2145,9 +2141,8 @@ std::atomic<bool> g_ring_on{[] {
 // Static shared memory of expert_ring_kernel besides the ring and the staged rows (the selected experts' table).
 // + mma_walk's part sums: a 1 KB function-level __shared__ buffer per instantiation, four per MXFP4 expert kernel (the
 // shared expert's walk staging once and staging its own input, and the routed walk on row-major and on tile-major
-// weights; ptxas: 5,376 static bytes = 16 x 80 + 4 x 1024) + the folded MoE reduction's flag (moe_fold_tail; the down
-// kernels: 5,380).
-constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 4096 + 16;
+// weights; ptxas: 5,376 static bytes = 16 x 80 + 4 x 1024).
+constexpr size_t kRingStaticBytes = kTilesMaxK * sizeof(DevExpert) + 4096;
 bool ring_fits(int64_t x_floats) { return kRingBytes + static_cast<size_t>(x_floats) * 4 + kRingStaticBytes <= smem_optin(); }
 // FP8, MXFP4 and BF16 weights. NVFP4 would work (scale pairs are word-aligned when the scale row stride is even)
 // but has no op test at real shapes yet: it keeps the v3 kernels.
@@ -2664,30 +2659,12 @@ void set_attend_cluster(int size) {
 }
 int attend_cluster_size(int64_t D, int H) { return attend_cluster_for(D, H); }
 
-// DSV4_ATTEND_SPLIT=N (16 <= N <= kAttSplitTarget; default kAttSplitTarget): the split-KV kernels' target block count
-// (att_split), an A/B knob. Read once per process; a bad value is an error at the first attention.
-namespace {
-int attend_split_target() {
-  static const int t = [] {
-    const char* e = std::getenv("DSV4_ATTEND_SPLIT");
-    if (!e) return kAttSplitTarget;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (end == e || *end != '\0' || v < 16 || v > kAttSplitTarget)
-      fail("DSV4_ATTEND_SPLIT must be an integer in [16, ", kAttSplitTarget, "] (got '", e, "')");
-    return static_cast<int>(v);
-  }();
-  return t;
-}
-}  // namespace
-
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
   return att_max_rows(window, kind, topk_k, pos_end, ratio);
 }
 
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
-  // Room for sp.bound chunks (graph mode launches that many) at the largest target (attend() refuses larger ones).
-  const AttSplit sp = att_split(n, H, max_rows);
+  const AttSplit sp = att_split(n, H, max_rows);  // room for sp.bound chunks: graph mode launches that many
   return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.bound * H * (2 + D) + 8;  // + alignment
 }
 
@@ -2695,10 +2672,8 @@ bool attend_uses_tc(const AttendArgs& a) {
   return a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled();
 }
 
-void attend(const AttendArgs& a_in, cudaStream_t s) {
-  if (a_in.n <= 0) return;
-  AttendArgs a = a_in;
-  a.split_target = attend_split_target();
+void attend(const AttendArgs& a, cudaStream_t s) {
+  if (a.n <= 0) return;
   if (a.D % 4 != 0 || a.D > kAttMaxD) fail("attention: head dim ", a.D, " must be a multiple of 4 and at most ", kAttMaxD);
   if (!aligned16(a.q) || !aligned16(a.kv) || !aligned16(a.ring) || !aligned16(a.comp) || !aligned16(a.scratch) || !aligned16(a.o))
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
@@ -2726,7 +2701,7 @@ void attend(const AttendArgs& a_in, cudaStream_t s) {
     if (cl > 0) {
       // Single token: the one-launch cluster kernel (attend_cluster.cuh). Rows per block for the capacity's rows
       // (graph mode: max_rows bounds every position's), kept resident up to kAttClMaxRes.
-      const AttSplit sp = att_split(1, a.H, a.max_rows, a.split_target);  // as the kernel chunks the capacity's rows
+      const AttSplit sp = att_split(1, a.H, a.max_rows);  // as the kernel chunks the capacity's rows
       const int64_t per = (sp.nchunks > cl ? (sp.nchunks + cl - 1) / cl : 1) * static_cast<int64_t>(sp.rows_per_chunk);
       const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
       const size_t sm = att_cl_smem_bytes(res, a.D);
@@ -2742,7 +2717,7 @@ void attend(const AttendArgs& a_in, cudaStream_t s) {
       return;
     }
   }
-  const AttSplit sp = att_split(a.n, a.H, a.max_rows, a.split_target);
+  const AttSplit sp = att_split(a.n, a.H, a.max_rows);
   // Graph mode launches the most chunks any position up to the capacity can need; the kernels recompute the actual
   // chunking, so the extra chunks are empty (max -inf, zero partials) and change no sum.
   const int nchunks = a.dpos ? sp.bound : sp.nchunks;
@@ -3071,17 +3046,8 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   DSV4_LAUNCHED();
 }
 
-std::atomic<bool> g_moe_fold_on{switch_on("DSV4_MOE_FOLD")};
-void set_moe_fold(bool on) { g_moe_fold_on.store(on, std::memory_order_relaxed); }
-bool moe_fold_enabled() { return g_moe_fold_on.load(std::memory_order_relaxed); }
-std::atomic<int64_t> g_moe_fold_launches{0};
-int64_t moe_fold_launches() { return g_moe_fold_launches.load(std::memory_order_relaxed); }
-
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  if (a.fold_out && (a.n != 1 || !a.fold_ticket || !expert_ring_eligible(a, false)))
-    fail("expert_down: the folded MoE reduction takes one token, a ticket and the ring launch");
-  if (a.fold_out) g_moe_fold_launches.fetch_add(1, std::memory_order_relaxed);
   if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);

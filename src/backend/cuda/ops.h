@@ -247,9 +247,6 @@ struct AttendArgs {
   // query's position, [official] BF16) -- attn_out's norm_rope fused into the merge kernel, bit for bit.
   const float* derope_inv_freq = nullptr;
   int derope_dim = 0;
-  // Set by attend() itself (DSV4_ATTEND_SPLIT): the split-KV chunking's target block count, which the kernels'
-  // device-side rechunking (graph mode) must use too.
-  int split_target = 264;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
@@ -347,19 +344,7 @@ struct ExpertArgs {
   // Every expert of the table has its tile-major copies (DevExpert::t13 / t2): the decode MMA walk reads those
   // instead of the row-major rows (same bytes, same arithmetic: bit-identical results).
   bool tiles = false;
-  // Decode (n == 1) on the ring launch of expert_down (expert_ring_eligible; anything else throws): the MoE reduction
-  // folded into that launch. Its last block to finish (fold_ticket: a zeroed counter, left zeroed) writes
-  // fold_out[j] = the slots' y[s][j], s < k, summed in double in slot order, + fold_ys[j] (null: nothing), as float
-  // ([fold_official] BF16) -- moe_reduce's arithmetic, bit for bit, one launch and kernel boundary fewer.
-  float* fold_out = nullptr;
-  const float* fold_ys = nullptr;
-  unsigned* fold_ticket = nullptr;
-  bool fold_official = false;
 };
-// DSV4_MOE_FOLD=0 / set_moe_fold(false): the backend launches moe_reduce instead of folding it (A/B).
-void set_moe_fold(bool on);
-bool moe_fold_enabled();
-int64_t moe_fold_launches();  // expert_down launches that folded the reduction since the process started (tests)
 // Fills t13 (tile_bytes(true, d, I) bytes) and t2 (tile_bytes(false, d, I)) with expert e's tile-major copies
 // (expert_tiles.h), asynchronously on s. MXFP4 only, d and I multiples of 128; anything else throws.
 void build_expert_tiles(const DevExpert& e, WeightFormat fmt, int64_t d, int64_t I, int64_t sb1, int64_t sb2,

@@ -362,6 +362,55 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
   run_grouped_wo_a(40);  // the GEMM, one per group
 }
 
+// The single-token FP8 GEMV on the tensor cores with f16 activations (gemv_tc_x16_kernel; x_bf16, DSV4_GEMV_TC_X16=1)
+// vs the path it replaces (the ring GEMV) and the CPU: the same function up to fp32 summation order. x BF16-rounded
+// (every block exact in f16: the MMA path) and x with one block spanning 2^80 in magnitude (that block's f16 check
+// fails: the FMA fallback for the blocks of its group); grouped wo_a (one GPU: 8 x 1024, a TP2 rank: 4 x 1024) and
+// an ungrouped 4096 x 8192.
+void run_tc_x16(int64_t G, int64_t rows, int64_t in) {
+  std::mt19937 g(static_cast<unsigned>(17 + G + rows));
+  auto L = make_linear(WeightFormat::FP8_E8M0, G * rows, in, g);
+  cu::DevLinear W = cu::upload_linear(L->ref);
+  for (bool wide : {false, true})
+    for (bool round : {false, true}) {
+      vector<float> u = randn(static_cast<size_t>(G * in), g);
+      num::round_bf16(u.data(), static_cast<int64_t>(u.size()));
+      if (wide) u[5] = 0x1p+40f, u[6] = 0x1p-40f, u[7] = -3.0f;  // still BF16 values, but not f16-exact at any one scale
+      vector<float> ref(static_cast<size_t>(G * rows));
+      for (int64_t r = 0; r < G * rows; ++r)
+        ref[r] = cpu::dot(u.data() + (r / rows) * in, L->deq.data() + r * in, in);
+      if (round) num::round_bf16(ref.data(), static_cast<int64_t>(ref.size()));
+      DBuf<float> du(u), dy(ref.size()), dz(ref.size());
+      cu::LinearArgs a;
+      a.x = du.p, a.ldx = G * in, a.n = 1, a.y = dy.p, a.ldy = G * rows, a.round_bf16 = round, a.x_bf16 = true;
+      if (G > 1) a.group_rows = rows, a.group_x_off = in;
+      const std::string what = "tc x16 " + std::to_string(G) + "x" + std::to_string(rows) + "x" + std::to_string(in) +
+                               (wide ? " wide x" : " bf16 x") + (round ? " bf16 out" : "");
+      cu::set_gemv_tc_x16(true);
+      ASSERT_TRUE(cu::gemv_tc_x16_eligible(W, a)) << what;
+      cu::fill_f32(dy.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);  // poison: every output written
+      cu::linear(W, a, nullptr);
+      cu::set_gemv_tc_x16(false);
+      ASSERT_FALSE(cu::gemv_tc_x16_eligible(W, a));
+      a.y = dz.p;
+      cu::linear(W, a, nullptr);  // the ring GEMV (or v3)
+      const vector<float> got = dy.get(), base = dz.get();
+      expect_close(got, ref, round, what.c_str());
+      const Stats st = cmp(got, base);
+      size_t same = 0;
+      for (size_t e = 0; e < got.size(); ++e) same += got[e] == base[e];
+      std::printf("[op] %s vs the ring GEMV: rel L2 %.3g, identical %.2f%%\n", what.c_str(), st.rel,
+                  100.0 * static_cast<double>(same) / static_cast<double>(got.size()));
+      EXPECT_LE(st.rel, round ? 3e-3 : 2e-6) << what;
+    }
+  cu::free_linear(W);
+}
+TEST(CudaOps, Fp8GemvTensorCoresF16Activations) {
+  run_tc_x16(8, 1024, 4096);  // wo_a, one GPU
+  run_tc_x16(4, 1024, 4096);  // wo_a, a TP2 rank
+  run_tc_x16(1, 4096, 8192);  // ungrouped (wo_b's shape)
+}
+
 // ---- router top-k with ties at real expert counts ------------------------------------------------------------------
 // Logits on a 0.25 grid (9 values over E experts: dozens of exact ties in the top group) and no bias, so the order
 // (score descending, index ascending) is the logits' order and the CPU can state it exactly: the selection must be

@@ -777,6 +777,7 @@ class CudaBackend final : public Backend {
     cuda::LinearArgs g;
     g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
     g.round_bf16 = official_;
+    g.x_bf16 = official_;  // the attention output is BF16-rounded (a hint for the f16 tensor-core GEMV)
     cuda::linear(L.wo_a, g, s_);
     if (tp_ > 1) no_collective_pending();
     // TP: wo_b is row-parallel. Each rank's partial sum stays fp32; the BF16 rounding TP1 applies to the whole sum

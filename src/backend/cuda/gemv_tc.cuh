@@ -153,3 +153,148 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   }
   cp_async_wait<0>();
 }
+
+// Single-token FP8 GEMV on the tensor cores with RAW fp32 activations (no QA8), optionally grouped (G = out /
+// group_rows groups, group g reading x + g * group_x_off): wo_a in official numerics, whose input -- the attention
+// output, BF16-rounded -- the ring GEMV (FMA pipe, ~3 instructions per weight, ~2.5 TB/s on one H200, 1.5 TB/s for a
+// TP2 rank's half) otherwise takes. LinearArgs::x_f16_exact asks for it (DSV4_GEMV_TC_X16=1; default off until measured).
+// Exactness, for ANY x: each 128-block of x is staged as f16 values h = x / s with a power-of-two s (max |x| / s <=
+// 2^14) and checked, element by element, that h * s == x; E4M3 weights are exact in f16, so every product is exact and
+// each MMA's sum is scaled by (weight block scale * s): the ring GEMV's function up to fp32 summation order. A BF16 x
+// passes the check unless a block spans more than ~2^30 in magnitude; a block of the grid whose x fails it (data far
+// from BF16, or NaN / Inf) computes its tiles on the FMA pipe from the fp32 x instead (the same function up to
+// summation order): never a wrong result, only a slower block.
+// Layout as gemv_tc_fp8_kernel; blocks are split evenly between groups (gridDim.x a multiple of G) and a group's
+// blocks stage its x slice once.
+__global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int64_t out, LinearArgs a, int wpt, int G) {
+  extern __shared__ float4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  __shared__ int inexact;
+  const int64_t K = W.in, KB = K / 128;
+  const int bpg = static_cast<int>(gridDim.x) / G, grp = static_cast<int>(blockIdx.x) / bpg, bi = static_cast<int>(blockIdx.x) % bpg;
+  const int64_t grows = G > 1 ? a.group_rows : out, row_base = grp * grows, ntiles = grows / 16;
+  const float* x = a.x + (G > 1 ? grp * a.group_x_off : 0);
+  uint4* ring = reinterpret_cast<uint4*>(smem);  // [S][4][threads]
+  __half* xq = reinterpret_cast<__half*>(smem + kTcgRingBytes);
+  float* xsc = reinterpret_cast<float*>(xq + K);
+  float* red = xsc + KB;  // [warps][16]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tpb = kTcgWarps / wpt, ts = warp / wpt, ksl = warp % wpt;
+  const int kb0 = static_cast<int>(ksl * KB / wpt), nkb = static_cast<int>((ksl + 1) * KB / wpt) - kb0;
+  const int64_t per_step = static_cast<int64_t>(bpg) * tpb;
+  const int64_t iters = (ntiles + per_step - 1) / per_step;
+  const int64_t steps = iters * nkb;
+  const uint8_t* wbase = static_cast<const uint8_t*>(W.w) + row_base * K;
+  auto tile_of = [&](int64_t it) { return (it * bpg + bi) * tpb + ts; };
+  int64_t lit = 0;
+  int lk = 0, lslot = 0;
+  auto issue = [&]() {
+    const int64_t tile = tile_of(lit);
+    if (tile < ntiles) {
+      const uint8_t* rg = wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t;
+      const uint8_t* rg8 = rg + 8 * K;
+      uint4* dst = ring + static_cast<int64_t>(lslot) * 4 * kTcgThreads + tid;
+      cp_async16(dst, rg);
+      cp_async16(dst + kTcgThreads, rg + 64);
+      cp_async16(dst + 2 * kTcgThreads, rg8);
+      cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
+    }
+    lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
+    if (++lk == nkb) lk = 0, ++lit;
+  };
+#pragma unroll
+  for (int p = 0; p < kTcgS - 1; ++p) {
+    if (p < steps) issue();
+    cp_async_commit();
+  }
+  if (tid == 0) inexact = 0;
+  pdl_wait();
+  __syncthreads();  // inexact is cleared before any warp can set it
+  for (int64_t b = warp; b < KB; b += kTcgWarps) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x + b * 128) + lane);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float s = amax > 0.0f ? pow2_ceil(amax * (1.0f / 16384.0f)) : 1.0f;
+    const float inv = 1.0f / s;  // a power of two (or NaN / Inf input: the check below fails)
+    const __half2 h01 = __floats2half2_rn(v.x * inv, v.y * inv), h23 = __floats2half2_rn(v.z * inv, v.w * inv);
+    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+    const bool ok = f01.x * s == v.x && f01.y * s == v.y && f23.x * s == v.z && f23.y * s == v.w;
+    if (__any_sync(0xffffffffu, !ok) && lane == 0) atomicOr(&inexact, 1);
+    reinterpret_cast<__half2*>(xq + b * 128 + lane * 4)[0] = h01;
+    reinterpret_cast<__half2*>(xq + b * 128 + lane * 4)[1] = h23;
+    if (lane == 0) xsc[b] = s;
+  }
+  __syncthreads();
+  const bool exact = inexact == 0;  // block-uniform
+  int64_t cit = 0;
+  int ck = 0, cslot = 0;
+  float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8 (lanes with t == 0 hold the totals)
+  for (int64_t st = 0; st < steps; ++st) {
+    if (st + kTcgS - 1 < steps) issue();
+    cp_async_commit();
+    cp_async_wait<kTcgS - 1>();
+    const int64_t tile = tile_of(cit);
+    if (tile < ntiles) {
+      const int kb = kb0 + ck;
+      const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
+      const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
+      const float wsc = fp8_scale(W.sc, ((row_base + tile * 16) >> 7) * W.sb + kb);
+      if (exact) {
+        const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
+        uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
+        if (g == 0) {
+          const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
+          xa = xp[0], xb = xp[1];
+          const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
+          xc = xp2[0], xd = xp2[1];
+        }
+        const uint32_t xb2[16] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w, xc.x, xc.y, xc.z, xc.w, xd.x, xd.y, xd.z, xd.w};
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+          const uint32_t a4[4] = {e4m3x2_to_f16x2(wg[m]), e4m3x2_to_f16x2(wg8[m]), e4m3x2_to_f16x2(wg[m] >> 16),
+                                  e4m3x2_to_f16x2(wg8[m] >> 16)};
+          mma_f16_16816(c, a4, xb2[2 * m], xb2[2 * m + 1]);
+        }
+        const float sc = wsc * xsc[kb];
+        acc0 = fmaf(c[0], sc, acc0);
+        acc8 = fmaf(c[2], sc, acc8);
+      } else {
+        // The lane's 32 columns of rows g and g + 8 (16 t.. and 64 + 16 t..) on the FMA pipe, then over the quad; x
+        // from global memory (L2: a rare path needs no shared copy).
+        const float* xr = x + static_cast<int64_t>(kb) * 128 + 16 * t;
+        auto dot16 = [&](const uint4& q, const float* xx) {
+          const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+          float s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) s = fmaf(e4m3_dev((w[i / 4] >> (8 * (i % 4))) & 0xFFu), __ldg(xx + i), s);
+          return s;
+        };
+        float sg = dot16(q0, xr) + dot16(q1, xr + 64), sg8 = dot16(q2, xr) + dot16(q3, xr + 64);
+        sg += __shfl_xor_sync(0xffffffffu, sg, 1), sg8 += __shfl_xor_sync(0xffffffffu, sg8, 1);
+        sg += __shfl_xor_sync(0xffffffffu, sg, 2), sg8 += __shfl_xor_sync(0xffffffffu, sg8, 2);
+        acc0 = fmaf(sg, wsc, acc0);
+        acc8 = fmaf(sg8, wsc, acc8);
+      }
+    }
+    cslot = cslot + 1 == kTcgS ? 0 : cslot + 1;
+    if (++ck == nkb) {
+      if (t == 0) red[warp * 16 + g] = acc0, red[warp * 16 + g + 8] = acc8;
+      acc0 = acc8 = 0.0f;
+      __syncthreads();
+      if (tid < tpb * 16) {
+        const int ts2 = tid / 16, r = tid % 16;
+        const int64_t tile2 = (cit * bpg + bi) * tpb + ts2;
+        if (tile2 < ntiles) {
+          float v = 0.0f;
+          for (int k = 0; k < wpt; ++k) v += red[(ts2 * wpt + k) * 16 + r];
+          a.y[row_base + tile2 * 16 + r] = a.round_bf16 ? bf16r(v) : v;
+        }
+      }
+      __syncthreads();
+      ck = 0;
+      ++cit;
+    }
+  }
+  cp_async_wait<0>();
+}

@@ -2274,6 +2274,28 @@ size_t tc_gemv_smem(int64_t K) { return kTcgRingBytes + static_cast<size_t>(K) *
 }  // namespace
 void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<bool> g_tc_x16_on{[] {
+  const char* e = std::getenv("DSV4_GEMV_TC_X16");
+  return e && std::string(e) == "1";
+}()};
+size_t tc_x16_smem(int64_t K) { return tc_gemv_smem(K); }  // the same staging: f16 x, its scales, the slice sums
+}  // namespace
+void set_gemv_tc_x16(bool on) { g_tc_x16_on.store(on, std::memory_order_relaxed); }
+bool gemv_tc_x16_eligible(const DevLinear& W, const LinearArgs& a) {
+  if (!g_tc_x16_on.load(std::memory_order_relaxed) || a.n != 1 || a.qa8_x || !a.x_bf16 || fmt_of(W.fmt) != kFP8 ||
+      W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x) ||
+      !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off))
+    return false;
+  if (a.group_rows) {
+    if (W.out % a.group_rows != 0 || a.group_rows % 16 != 0 || a.group_x_off % 4 != 0 || W.out / a.group_rows > sm_count())
+      return false;
+  } else if (W.out % 16 != 0) {
+    return false;
+  }
+  return tc_x16_smem(W.in) <= smem_optin();
+}
+
 // The tensor-core GEMV (gemv_tc.cuh) takes single-token FP8 linears whose x the kernel quantizes (qa8_x: official
 // numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
@@ -2295,7 +2317,7 @@ bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
 }
 
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
-  if (gemv_tc_eligible(W, a) || gemv_ring_eligible(W, a)) return true;
+  if (gemv_tc_eligible(W, a) || gemv_ring_eligible(W, a)) return true;  // (gemv_tc_x16 never takes qa8_x)
   return a.n == 1 && a.group_rows == 0 && use_xs(W.in) &&
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
@@ -2327,6 +2349,19 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     const size_t sm = tc_gemv_smem(W.in);
     allow_smem(gemv_tc_fp8_kernel, sm);
     launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (gemv_tc_x16_eligible(W, a)) {
+    // Blocks split evenly between groups; K slices per tile (wpt): as many as the group's warps allow, <= its blocks.
+    const int G = a.group_rows ? static_cast<int>(W.out / a.group_rows) : 1;
+    const int bpg = std::max(1, sm_count() / G);
+    const int64_t ntiles = (G > 1 ? a.group_rows : W.out) / 16, KB = W.in / 128;
+    int wpt = kTcgWarps;
+    while (wpt > 1 && (wpt > KB || ntiles * wpt > static_cast<int64_t>(bpg) * kTcgWarps)) wpt /= 2;
+    const size_t sm = tc_x16_smem(W.in);
+    allow_smem(gemv_tc_x16_kernel, sm);
+    launch(gemv_tc_x16_kernel, static_cast<unsigned>(G * bpg), kTcgThreads, sm, s, r, W.out, a, wpt, G);
     DSV4_LAUNCHED();
     return;
   }

@@ -53,6 +53,58 @@ __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int
   }
 }
 
+// The pieces both decode kernels below share. tc_issue_step: one lane's copies of a 16-row tile's 128-column step (rg:
+// row g's bytes at the step, row g + 8 at rg + 8 K), chunks t and t + 4 of both rows, into ring slot lslot.
+__device__ __forceinline__ void tc_issue_step(uint4* ring, int lslot, int tid, const uint8_t* rg, int64_t K) {
+  const uint8_t* rg8 = rg + 8 * K;
+  uint4* dst = ring + static_cast<int64_t>(lslot) * 4 * kTcgThreads + tid;
+  cp_async16(dst, rg);
+  cp_async16(dst + kTcgThreads, rg + 64);
+  cp_async16(dst + 2 * kTcgThreads, rg8);
+  cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
+}
+// The step's 8 MMAs over the lane's ring words q0..q3 and the f16 activation of 128-block kb (xq, natural order):
+// c[0] / c[2] of lanes t == 0 = rows g / g + 8 (column 0).
+__device__ __forceinline__ void tc_step_mma(const uint4& q0, const uint4& q1, const uint4& q2, const uint4& q3,
+                                            const __half* xq, int kb, int g, int t, float (&c)[4]) {
+  const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+  const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
+  // Activation fragments: lane t < 4 holds x at columns 16 t .. 16 t + 15 and 64 + 16 t .. of this step.
+  uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
+  if (g == 0) {
+    const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
+    xa = xp[0], xb = xp[1];
+    const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
+    xc = xp2[0], xd = xp2[1];
+  }
+  const uint32_t xb2[16] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w, xc.x, xc.y, xc.z, xc.w, xd.x, xd.y, xd.z, xd.w};
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const uint32_t a4[4] = {e4m3x2_to_f16x2(wg[m]), e4m3x2_to_f16x2(wg8[m]), e4m3x2_to_f16x2(wg[m] >> 16),
+                            e4m3x2_to_f16x2(wg8[m] >> 16)};
+    mma_f16_16816(c, a4, xb2[2 * m], xb2[2 * m + 1]);
+  }
+}
+// End of a block step: the warps' K-slice partials (acc0 / acc8, then zeroed) summed in slice order into
+// y[tile * 16 + r] for the block's tpb tiles first_tile.. (< ntiles), [round] BF16. Every thread of the block calls.
+__device__ __forceinline__ void tc_flush_step(float* red, float& acc0, float& acc8, int wpt, int tpb, int64_t first_tile,
+                                              int64_t ntiles, float* y, bool round) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  if (t == 0) red[warp * 16 + g] = acc0, red[warp * 16 + g + 8] = acc8;
+  acc0 = acc8 = 0.0f;
+  __syncthreads();
+  if (tid < tpb * 16) {
+    const int ts2 = tid / 16, r = tid % 16;
+    const int64_t tile2 = first_tile + ts2;
+    if (tile2 < ntiles) {
+      float v = 0.0f;
+      for (int k = 0; k < wpt; ++k) v += red[(ts2 * wpt + k) * 16 + r];
+      y[tile2 * 16 + r] = round ? bf16r(v) : v;
+    }
+  }
+  __syncthreads();
+}
+
 // y[r] = sum_k W[r, k] * QA8(x)[k] for r < out (out % 16 == 0, K % 128 == 0), [round_bf16] BF16 output.
 // grid: blocks taking block steps of (16 / wpt) row tiles; wpt K-slices per tile.
 __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int64_t out, LinearArgs a, int wpt) {
@@ -77,15 +129,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   int lk = 0, lslot = 0;
   auto issue = [&]() {
     const int64_t tile = tile_of(lit);
-    if (tile < ntiles) {
-      const uint8_t* rg = wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t;
-      const uint8_t* rg8 = rg + 8 * K;
-      uint4* dst = ring + static_cast<int64_t>(lslot) * 4 * kTcgThreads + tid;
-      cp_async16(dst, rg);
-      cp_async16(dst + kTcgThreads, rg + 64);
-      cp_async16(dst + 2 * kTcgThreads, rg8);
-      cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
-    }
+    if (tile < ntiles) tc_issue_step(ring, lslot, tid, wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t, K);
     lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
     if (++lk == nkb) lk = 0, ++lit;
   };
@@ -109,24 +153,8 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
       const int kb = kb0 + ck;
       const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
       const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
-      const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-      const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
-      // Activation fragments: lane t < 4 holds x at columns 16 t .. 16 t + 15 and 64 + 16 t .. of this step.
-      uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
-      if (g == 0) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
-        xa = xp[0], xb = xp[1];
-        const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
-        xc = xp2[0], xd = xp2[1];
-      }
-      const uint32_t xb2[16] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w, xc.x, xc.y, xc.z, xc.w, xd.x, xd.y, xd.z, xd.w};
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        const uint32_t a4[4] = {e4m3x2_to_f16x2(wg[m]), e4m3x2_to_f16x2(wg8[m]), e4m3x2_to_f16x2(wg[m] >> 16),
-                                e4m3x2_to_f16x2(wg8[m] >> 16)};
-        mma_f16_16816(c, a4, xb2[2 * m], xb2[2 * m + 1]);
-      }
+      tc_step_mma(q0, q1, q2, q3, xq, kb, g, t, c);
       const float sc = fp8_scale(W.sc, (tile * 16 >> 7) * W.sb + kb) * xsc[kb];
       acc0 = fmaf(c[0], sc, acc0);
       acc8 = fmaf(c[2], sc, acc8);
@@ -134,19 +162,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
     cslot = cslot + 1 == kTcgS ? 0 : cslot + 1;
     if (++ck == nkb) {
       // End of this block step: K-slice partials to shared memory, then summed in slice order.
-      if (t == 0) red[warp * 16 + g] = acc0, red[warp * 16 + g + 8] = acc8;
-      acc0 = acc8 = 0.0f;
-      __syncthreads();
-      if (tid < tpb * 16) {
-        const int ts2 = tid / 16, r = tid % 16;
-        const int64_t tile2 = (cit * gridDim.x + blockIdx.x) * tpb + ts2;
-        if (tile2 < ntiles) {
-          float v = 0.0f;
-          for (int k = 0; k < wpt; ++k) v += red[(ts2 * wpt + k) * 16 + r];
-          a.y[tile2 * 16 + r] = a.round_bf16 ? bf16r(v) : v;
-        }
-      }
-      __syncthreads();
+      tc_flush_step(red, acc0, acc8, wpt, tpb, (cit * gridDim.x + blockIdx.x) * tpb, ntiles, a.y, a.round_bf16);
       ck = 0;
       ++cit;
     }
@@ -190,15 +206,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
   int lk = 0, lslot = 0;
   auto issue = [&]() {
     const int64_t tile = tile_of(lit);
-    if (tile < ntiles) {
-      const uint8_t* rg = wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t;
-      const uint8_t* rg8 = rg + 8 * K;
-      uint4* dst = ring + static_cast<int64_t>(lslot) * 4 * kTcgThreads + tid;
-      cp_async16(dst, rg);
-      cp_async16(dst + kTcgThreads, rg + 64);
-      cp_async16(dst + 2 * kTcgThreads, rg8);
-      cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
-    }
+    if (tile < ntiles) tc_issue_step(ring, lslot, tid, wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t, K);
     lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
     if (++lk == nkb) lk = 0, ++lit;
   };
@@ -239,23 +247,8 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
       const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
       const float wsc = fp8_scale(W.sc, ((row_base + tile * 16) >> 7) * W.sb + kb);
       if (exact) {
-        const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
-        uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
-        if (g == 0) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
-          xa = xp[0], xb = xp[1];
-          const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
-          xc = xp2[0], xd = xp2[1];
-        }
-        const uint32_t xb2[16] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w, xc.x, xc.y, xc.z, xc.w, xd.x, xd.y, xd.z, xd.w};
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const uint32_t a4[4] = {e4m3x2_to_f16x2(wg[m]), e4m3x2_to_f16x2(wg8[m]), e4m3x2_to_f16x2(wg[m] >> 16),
-                                  e4m3x2_to_f16x2(wg8[m] >> 16)};
-          mma_f16_16816(c, a4, xb2[2 * m], xb2[2 * m + 1]);
-        }
+        tc_step_mma(q0, q1, q2, q3, xq, kb, g, t, c);
         const float sc = wsc * xsc[kb];
         acc0 = fmaf(c[0], sc, acc0);
         acc8 = fmaf(c[2], sc, acc8);
@@ -279,19 +272,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
     }
     cslot = cslot + 1 == kTcgS ? 0 : cslot + 1;
     if (++ck == nkb) {
-      if (t == 0) red[warp * 16 + g] = acc0, red[warp * 16 + g + 8] = acc8;
-      acc0 = acc8 = 0.0f;
-      __syncthreads();
-      if (tid < tpb * 16) {
-        const int ts2 = tid / 16, r = tid % 16;
-        const int64_t tile2 = (cit * bpg + bi) * tpb + ts2;
-        if (tile2 < ntiles) {
-          float v = 0.0f;
-          for (int k = 0; k < wpt; ++k) v += red[(ts2 * wpt + k) * 16 + r];
-          a.y[row_base + tile2 * 16 + r] = a.round_bf16 ? bf16r(v) : v;
-        }
-      }
-      __syncthreads();
+      tc_flush_step(red, acc0, acc8, wpt, tpb, (cit * bpg + bi) * tpb, ntiles, a.y + row_base, a.round_bf16);
       ck = 0;
       ++cit;
     }

@@ -173,15 +173,17 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
 // Single-token FP8 GEMV on the tensor cores with RAW fp32 activations (no QA8), optionally grouped (G = out /
 // group_rows groups, group g reading x + g * group_x_off): wo_a in official numerics, whose input -- the attention
 // output, BF16-rounded -- the ring GEMV (FMA pipe, ~3 instructions per weight, ~2.5 TB/s on one H200, 1.5 TB/s for a
-// TP2 rank's half) otherwise takes. LinearArgs::x_f16_exact asks for it (DSV4_GEMV_TC_X16=1; default off until measured).
+// TP2 rank's half) otherwise takes. LinearArgs::x_bf16 asks for it (DSV4_GEMV_TC_X16=1; default off until measured).
 // Exactness, for ANY x: each 128-block of x is staged as f16 values h = x / s with a power-of-two s (max |x| / s <=
 // 2^14) and checked, element by element, that h * s == x; E4M3 weights are exact in f16, so every product is exact and
-// each MMA's sum is scaled by (weight block scale * s): the ring GEMV's function up to fp32 summation order. A BF16 x
+// each MMA's sum is scaled by the weight block scale, then by s (exact: a power of two; the product of the two scales
+// could under- or overflow for extreme x): the ring GEMV's function up to fp32 rounding order. A BF16 x
 // passes the check unless a block spans more than ~2^30 in magnitude; a block of the grid whose x fails it (data far
 // from BF16, or NaN / Inf) computes its tiles on the FMA pipe from the fp32 x instead (the same function up to
 // summation order): never a wrong result, only a slower block.
 // Layout as gemv_tc_fp8_kernel; blocks are split evenly between groups (gridDim.x a multiple of G) and a group's
 // blocks stage its x slice once.
+__device__ unsigned long long g_tc_x16_fallback_blocks = 0;  // blocks that took the FMA path (tests)
 __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int64_t out, LinearArgs a, int wpt, int G) {
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -233,6 +235,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
   }
   __syncthreads();
   const bool exact = inexact == 0;  // block-uniform
+  if (!exact && tid == 0) atomicAdd(&g_tc_x16_fallback_blocks, 1ull);
   int64_t cit = 0;
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8 (lanes with t == 0 hold the totals)
@@ -249,9 +252,8 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
       if (exact) {
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         tc_step_mma(q0, q1, q2, q3, xq, kb, g, t, c);
-        const float sc = wsc * xsc[kb];
-        acc0 = fmaf(c[0], sc, acc0);
-        acc8 = fmaf(c[2], sc, acc8);
+        acc0 = fmaf(c[0] * wsc, xsc[kb], acc0);
+        acc8 = fmaf(c[2] * wsc, xsc[kb], acc8);
       } else {
         // The lane's 32 columns of rows g and g + 8 (16 t.. and 64 + 16 t..) on the FMA pipe, then over the quad; x
         // from global memory (L2: a rare path needs no shared copy).

@@ -2279,12 +2279,18 @@ std::atomic<bool> g_tc_x16_on{[] {
   const char* e = std::getenv("DSV4_GEMV_TC_X16");
   return e && std::string(e) == "1";
 }()};
-size_t tc_x16_smem(int64_t K) { return tc_gemv_smem(K); }  // the same staging: f16 x, its scales, the slice sums
+// The same staging as gemv_tc_fp8_kernel (f16 x, its scales, the slice sums) + the kernel's static flag.
+size_t tc_x16_smem(int64_t K) { return tc_gemv_smem(K) + 16; }
 }  // namespace
 void set_gemv_tc_x16(bool on) { g_tc_x16_on.store(on, std::memory_order_relaxed); }
+int64_t gemv_tc_x16_fallback_blocks() {
+  unsigned long long v = 0;
+  DSV4_CU(cudaMemcpyFromSymbol(&v, g_tc_x16_fallback_blocks, sizeof(v)));
+  return static_cast<int64_t>(v);
+}
 bool gemv_tc_x16_eligible(const DevLinear& W, const LinearArgs& a) {
   if (!g_tc_x16_on.load(std::memory_order_relaxed) || a.n != 1 || a.qa8_x || !a.x_bf16 || fmt_of(W.fmt) != kFP8 ||
-      W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x) ||
+      W.in < 128 || W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x) ||
       !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off))
     return false;
   if (a.group_rows) {

@@ -79,6 +79,7 @@ bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a);
 // Single-token FP8 GEMVs with x_bf16 (grouped or not) on the tensor cores with f16 activations (gemv_tc.cuh,
 // gemv_tc_x16_kernel): DSV4_GEMV_TC_X16=1 / set_gemv_tc_x16(true); default off (compiled, not yet measured).
 void set_gemv_tc_x16(bool on);
+int64_t gemv_tc_x16_fallback_blocks();  // its blocks (current device) whose x failed the f16 check (tests)
 bool gemv_tc_x16_eligible(const DevLinear& W, const LinearArgs& a);
 // Single-token FP8 GEMVs with qa8_x (official numerics) run on the tensor cores (gemv_tc.cuh): the same function up to
 // fp32 summation order. DSV4_GEMV_TC=0 or set_gemv_tc(false) keeps the ring / v3 kernels.

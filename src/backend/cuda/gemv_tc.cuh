@@ -63,6 +63,42 @@ __device__ __forceinline__ void tc_issue_step(uint4* ring, int lslot, int tid, c
   cp_async16(dst + 2 * kTcgThreads, rg8);
   cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
 }
+// A warp's walk (both kernels): its tiles are tile_of(0), tile_of(1), ... (block step `it` of the `nblk` blocks that
+// share the tiles, this block `blk`), each over its K slice [kb0, kb0 + nkb) of 128-column blocks; issue() copies the
+// next step (load cursor it / k / slot), prologue() the first kS - 1 steps.
+struct TcWalk {
+  const uint8_t* wbase;  // row 0 of the walked rows
+  int64_t K, ntiles, steps;
+  int kb0, nkb, tpb, ts, nblk, blk;
+  int64_t lit = 0;
+  int lk = 0, lslot = 0;
+  __device__ __forceinline__ int64_t tile_of(int64_t it) const { return (it * nblk + blk) * tpb + ts; }
+  __device__ __forceinline__ void issue(uint4* ring, int tid, int g, int t) {
+    const int64_t tile = tile_of(lit);
+    if (tile < ntiles) tc_issue_step(ring, lslot, tid, wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t, K);
+    lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
+    if (++lk == nkb) lk = 0, ++lit;
+  }
+  __device__ __forceinline__ void prologue(uint4* ring, int tid, int g, int t) {
+#pragma unroll
+    for (int p = 0; p < kTcgS - 1; ++p) {
+      if (p < steps) issue(ring, tid, g, t);
+      cp_async_commit();
+    }
+  }
+};
+// The walk of warp `warp` with wpt K slices per tile (16 / wpt tiles per block step).
+__device__ __forceinline__ TcWalk tc_walk(const uint8_t* wbase, int64_t K, int64_t ntiles, int wpt, int warp, int nblk, int blk) {
+  TcWalk w;
+  const int64_t KB = K / 128;
+  const int ksl = warp % wpt;
+  w.wbase = wbase, w.K = K, w.ntiles = ntiles;
+  w.tpb = kTcgWarps / wpt, w.ts = warp / wpt, w.nblk = nblk, w.blk = blk;
+  w.kb0 = static_cast<int>(ksl * KB / wpt), w.nkb = static_cast<int>((ksl + 1) * KB / wpt) - w.kb0;
+  const int64_t per_step = static_cast<int64_t>(nblk) * w.tpb;
+  w.steps = (ntiles + per_step - 1) / per_step * w.nkb;  // block steps: the same for every warp of the block
+  return w;
+}
 // The step's 8 MMAs over the lane's ring words q0..q3 and the f16 activation of 128-block kb (xq, natural order):
 // c[0] / c[2] of lanes t == 0 = rows g / g + 8 (column 0).
 __device__ __forceinline__ void tc_step_mma(const uint4& q0, const uint4& q1, const uint4& q2, const uint4& q3,
@@ -117,40 +153,21 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   float* xsc = reinterpret_cast<float*>(xq + K);
   float* red = xsc + KB;  // [warps][16]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int tpb = kTcgWarps / wpt, ts = warp / wpt, ksl = warp % wpt;
-  const int kb0 = static_cast<int>(ksl * KB / wpt), nkb = static_cast<int>((ksl + 1) * KB / wpt) - kb0;
-  const int64_t per_step = static_cast<int64_t>(gridDim.x) * tpb;
-  const int64_t iters = (ntiles + per_step - 1) / per_step;  // block steps: the same for every warp of the block
-  const int64_t steps = iters * nkb;
-  const uint8_t* wbase = static_cast<const uint8_t*>(W.w);
-  auto tile_of = [&](int64_t it) { return (it * gridDim.x + blockIdx.x) * tpb + ts; };
-  // Load cursor.
-  int64_t lit = 0;
-  int lk = 0, lslot = 0;
-  auto issue = [&]() {
-    const int64_t tile = tile_of(lit);
-    if (tile < ntiles) tc_issue_step(ring, lslot, tid, wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t, K);
-    lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
-    if (++lk == nkb) lk = 0, ++lit;
-  };
-#pragma unroll
-  for (int p = 0; p < kTcgS - 1; ++p) {
-    if (p < steps) issue();
-    cp_async_commit();
-  }
+  TcWalk w = tc_walk(static_cast<const uint8_t*>(W.w), K, ntiles, wpt, warp, gridDim.x, blockIdx.x);
+  w.prologue(ring, tid, g, t);
   pdl_wait();
   stage_x_qa8_f16(a.x, K, xq, xsc);
   __syncthreads();
   int64_t cit = 0;
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8 (column 0: lanes with t == 0)
-  for (int64_t s = 0; s < steps; ++s) {
-    if (s + kTcgS - 1 < steps) issue();
+  for (int64_t s = 0; s < w.steps; ++s) {
+    if (s + kTcgS - 1 < w.steps) w.issue(ring, tid, g, t);
     cp_async_commit();
     cp_async_wait<kTcgS - 1>();
-    const int64_t tile = tile_of(cit);
+    const int64_t tile = w.tile_of(cit);
     if (tile < ntiles) {
-      const int kb = kb0 + ck;
+      const int kb = w.kb0 + ck;
       const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
       const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -160,9 +177,9 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
       acc8 = fmaf(c[2], sc, acc8);
     }
     cslot = cslot + 1 == kTcgS ? 0 : cslot + 1;
-    if (++ck == nkb) {
+    if (++ck == w.nkb) {
       // End of this block step: K-slice partials to shared memory, then summed in slice order.
-      tc_flush_step(red, acc0, acc8, wpt, tpb, (cit * gridDim.x + blockIdx.x) * tpb, ntiles, a.y, a.round_bf16);
+      tc_flush_step(red, acc0, acc8, wpt, w.tpb, w.tile_of(cit) - w.ts, ntiles, a.y, a.round_bf16);
       ck = 0;
       ++cit;
     }
@@ -197,26 +214,8 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
   float* xsc = reinterpret_cast<float*>(xq + K);
   float* red = xsc + KB;  // [warps][16]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int tpb = kTcgWarps / wpt, ts = warp / wpt, ksl = warp % wpt;
-  const int kb0 = static_cast<int>(ksl * KB / wpt), nkb = static_cast<int>((ksl + 1) * KB / wpt) - kb0;
-  const int64_t per_step = static_cast<int64_t>(bpg) * tpb;
-  const int64_t iters = (ntiles + per_step - 1) / per_step;
-  const int64_t steps = iters * nkb;
-  const uint8_t* wbase = static_cast<const uint8_t*>(W.w) + row_base * K;
-  auto tile_of = [&](int64_t it) { return (it * bpg + bi) * tpb + ts; };
-  int64_t lit = 0;
-  int lk = 0, lslot = 0;
-  auto issue = [&]() {
-    const int64_t tile = tile_of(lit);
-    if (tile < ntiles) tc_issue_step(ring, lslot, tid, wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t, K);
-    lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
-    if (++lk == nkb) lk = 0, ++lit;
-  };
-#pragma unroll
-  for (int p = 0; p < kTcgS - 1; ++p) {
-    if (p < steps) issue();
-    cp_async_commit();
-  }
+  TcWalk w = tc_walk(static_cast<const uint8_t*>(W.w) + row_base * K, K, ntiles, wpt, warp, bpg, bi);
+  w.prologue(ring, tid, g, t);
   if (tid == 0) inexact = 0;
   pdl_wait();
   __syncthreads();  // inexact is cleared before any warp can set it
@@ -239,13 +238,13 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
   int64_t cit = 0;
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8 (lanes with t == 0 hold the totals)
-  for (int64_t st = 0; st < steps; ++st) {
-    if (st + kTcgS - 1 < steps) issue();
+  for (int64_t st = 0; st < w.steps; ++st) {
+    if (st + kTcgS - 1 < w.steps) w.issue(ring, tid, g, t);
     cp_async_commit();
     cp_async_wait<kTcgS - 1>();
-    const int64_t tile = tile_of(cit);
+    const int64_t tile = w.tile_of(cit);
     if (tile < ntiles) {
-      const int kb = kb0 + ck;
+      const int kb = w.kb0 + ck;
       const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
       const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
       const float wsc = fp8_scale(W.sc, ((row_base + tile * 16) >> 7) * W.sb + kb);
@@ -273,8 +272,8 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_x16_kernel(WRow W, int
       }
     }
     cslot = cslot + 1 == kTcgS ? 0 : cslot + 1;
-    if (++ck == nkb) {
-      tc_flush_step(red, acc0, acc8, wpt, tpb, (cit * bpg + bi) * tpb, ntiles, a.y + row_base, a.round_bf16);
+    if (++ck == w.nkb) {
+      tc_flush_step(red, acc0, acc8, wpt, w.tpb, w.tile_of(cit) - w.ts, ntiles, a.y + row_base, a.round_bf16);
       ck = 0;
       ++cit;
     }

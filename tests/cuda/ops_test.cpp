@@ -362,67 +362,6 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
   run_grouped_wo_a(40);  // the GEMM, one per group
 }
 
-// The single-token FP8 GEMV on the tensor cores with f16 activations (gemv_tc_x16_kernel; x_bf16, DSV4_GEMV_TC_X16=1)
-// vs the path it replaces (the ring GEMV) and the CPU: the same function up to fp32 summation order. x BF16-rounded
-// (every block exact in f16: the MMA path, no block falls back) and x with one block spanning 2^80 in magnitude (that
-// block's f16 check fails: the FMA fallback for exactly the blocks of its group, the others still on the MMAs);
-// grouped wo_a (one GPU: 8 x 1024, a TP2 rank: 4 x 1024) and an ungrouped 4096 x 8192.
-void run_tc_x16(int64_t G, int64_t rows, int64_t in) {
-  std::mt19937 g(static_cast<unsigned>(17 + G + rows));
-  auto L = make_linear(WeightFormat::FP8_E8M0, G * rows, in, g);
-  cu::DevLinear W = cu::upload_linear(L->ref);
-  struct Off {  // the switch back off however this test ends
-    ~Off() { cu::set_gemv_tc_x16(false); }
-  } off;
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  const int64_t group_blocks = std::max<int64_t>(1, sms / G);  // the kernel's blocks per group
-  for (bool wide : {false, true})
-    for (bool round : {false, true}) {
-      vector<float> u = randn(static_cast<size_t>(G * in), g);
-      num::round_bf16(u.data(), static_cast<int64_t>(u.size()));
-      if (wide) u[5] = 0x1p+40f, u[6] = 0x1p-40f, u[7] = -3.0f;  // still BF16 values, but not f16-exact at any one scale
-      vector<float> ref(static_cast<size_t>(G * rows));
-      for (int64_t r = 0; r < G * rows; ++r)
-        ref[r] = cpu::dot(u.data() + (r / rows) * in, L->deq.data() + r * in, in);
-      if (round) num::round_bf16(ref.data(), static_cast<int64_t>(ref.size()));
-      DBuf<float> du(u), dy(ref.size()), dz(ref.size());
-      cu::LinearArgs a;
-      a.x = du.p, a.ldx = G * in, a.n = 1, a.y = dy.p, a.ldy = G * rows, a.round_bf16 = round, a.x_bf16 = true;
-      if (G > 1) a.group_rows = rows, a.group_x_off = in;
-      const std::string what = "tc x16 " + std::to_string(G) + "x" + std::to_string(rows) + "x" + std::to_string(in) +
-                               (wide ? " wide x" : " bf16 x") + (round ? " bf16 out" : "");
-      cu::set_gemv_tc_x16(true);
-      ASSERT_TRUE(cu::gemv_tc_x16_eligible(W, a)) << what;
-      cu::fill_f32(dy.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);  // poison: every output written
-      const int64_t fb0 = cu::gemv_tc_x16_fallback_blocks();
-      cu::linear(W, a, nullptr);
-      EXPECT_EQ(cu::gemv_tc_x16_fallback_blocks() - fb0, wide ? group_blocks : 0) << what << ": blocks on the FMA path";
-      cu::set_gemv_tc_x16(false);
-      ASSERT_FALSE(cu::gemv_tc_x16_eligible(W, a));
-      a.y = dz.p;
-      cu::linear(W, a, nullptr);  // the ring GEMV (or v3)
-      const vector<float> got = dy.get(), base = dz.get();
-      expect_close(got, ref, round, what.c_str());
-      const Stats st = cmp(got, base);
-      size_t same = 0;
-      for (size_t e = 0; e < got.size(); ++e) same += got[e] == base[e];
-      std::printf("[op] %s vs the ring GEMV: rel L2 %.3g, identical %.2f%%\n", what.c_str(), st.rel,
-                  100.0 * static_cast<double>(same) / static_cast<double>(got.size()));
-      EXPECT_LE(st.rel, round ? 3e-3 : 2e-5) << what;
-      if (wide && G > 1) {  // the other groups (on the MMAs), whose outputs group 0's 2^40 rows dwarf in the total
-        const vector<float> g1(got.begin() + rows, got.end()), b1(base.begin() + rows, base.end());
-        EXPECT_LE(cmp(g1, b1).rel, round ? 3e-3 : 2e-5) << what << ": groups 1..";
-      }
-    }
-  cu::free_linear(W);
-}
-TEST(CudaOps, Fp8GemvTensorCoresF16Activations) {
-  run_tc_x16(8, 1024, 4096);  // wo_a, one GPU
-  run_tc_x16(4, 1024, 4096);  // wo_a, a TP2 rank
-  run_tc_x16(1, 4096, 8192);  // ungrouped (wo_b's shape)
-}
-
 // ---- router top-k with ties at real expert counts ------------------------------------------------------------------
 // Logits on a 0.25 grid (9 values over E experts: dozens of exact ties in the top group) and no bias, so the order
 // (score descending, index ascending) is the logits' order and the CPU can state it exactly: the selection must be
@@ -459,6 +398,54 @@ TEST(CudaOps, RouterTopkTies) {
 
 // ---- MXFP4 routed experts: router + fused gate/up SwiGLU + down + reduce ------------------------------------------
 // grouped: the prefill path (slots grouped by expert on the device, one block per (row tile, expert)).
+// expert_f8 (the W4A8 prefill kernel, moe_f8.cuh) against expert_tc2 on the same grouped operands t (unrounded: no
+// BF16 output rounding, x_bf16_exact), with x and the down input given a different power-of-two magnitude per
+// 128-column block and slot, so that a wrong activation-scale index shows as O(1). Both compute the same exact
+// products (QA8 x MXFP4); they differ in summation order and the FP8 MMA's internal accumulation of 32 products.
+void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k) {
+  struct F8Back {
+    ~F8Back() { cu::set_moe_f8(true); }
+  } f8_back;
+  auto blocky = [](vector<float> v, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) v[r * cols + c] *= std::ldexp(1.0f, static_cast<int>((c / 128 * 5 + r) % 7) - 3);
+    return v;
+  };
+  DBuf<float> dx(blocky(x, n, d)), dxq(static_cast<size_t>(n * d));
+  cu::qa8_rows(dx.p, n, d, dxq.p, nullptr);
+  const size_t nact = static_cast<size_t>(n * k * I), ny = static_cast<size_t>(n * k * d);
+  DBuf<float> act0(nact), act1(nact), y0(ny), y1(ny), aq(nact);
+  cu::ExpertArgs p = t;
+  p.x = dxq.p;
+  const int64_t f0 = cu::moe_f8_launches();
+  cu::set_moe_f8(false);
+  p.act = act0.p;
+  cu::expert_gate_up(p, nullptr);  // expert_tc2
+  cu::set_moe_f8(true);
+  p.act = act1.p;
+  cu::expert_gate_up(p, nullptr);  // expert_f8 where d % 128 == 0
+  // The down input: tc2's act, re-scaled per block and slot, QA8 (the same for both kernels).
+  {
+    DBuf<float> ab(blocky(act0.get(), n * k, I));
+    cu::qa8_rows(ab.p, n * k, I, aq.p, nullptr);
+  }
+  p.act_q = aq.p;
+  p.y = y1.p;
+  cu::expert_down(p, nullptr);  // expert_f8
+  cu::set_moe_f8(false);
+  p.y = y0.p;
+  cu::expert_down(p, nullptr);  // expert_tc2
+  EXPECT_EQ(cu::moe_f8_launches() - f0, d % 128 == 0 ? 2 : 1) << "expert_f8 ran";
+  const auto a0 = act0.get(), a1 = act1.get(), yy0 = y0.get(), yy1 = y1.get();
+  const Stats sa = cmp(a1, a0), sy = cmp(yy1, yy0);
+  std::printf("[op] experts W4A8 f8 vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
+              n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
+  EXPECT_LE(sa.rel, 1e-5);  // the decode MMA walk vs its FMA walk: ~1.6e-7
+  EXPECT_LE(sy.rel, 1e-5);
+  for (float v : a1) ASSERT_TRUE(std::isfinite(v));
+  for (float v : yy1) ASSERT_TRUE(std::isfinite(v));
+}
+
 void run_experts(int n, bool grouped, int64_t d = 4096) {
   // The bit-for-bit comparisons below pit the decode ring kernels against the n-token ones: the FMA ring walk
   // (the MMA walk is the same function in another summation order; Mxfp4DecodeExpertsMma compares them).
@@ -669,19 +656,45 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       std::printf("[op] experts tensor cores vs fp32 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, sa.rel, sy.rel);
       EXPECT_LE(sa.rel, 1e-5);  // measured 1.5e-7 (gate/up) and 1.2e-6 (down)
       EXPECT_LE(sy.rel, 1e-5);
-      // expert_tc2 (t, xg set) against the v1 tensor-core kernels on the same operands.
+      // (t ran expert_f8 where K % 128 == 0: the default.) expert_tc2 (xg set, DSV4_MOE_F8=0) against the v1
+      // tensor-core kernels on the same operands.
       ASSERT_TRUE(cu::expert_tc2_eligible(t, true) && cu::expert_tc2_eligible(t, false));
-      cu::ExpertArgs v = t;
-      DBuf<float> act_v(dact.n), y_v(dy.n);
-      v.act = act_v.p, v.y = y_v.p;
+      cu::ExpertArgs v = t, w = t;
+      DBuf<float> act_v(dact.n), y_v(dy.n), act_w(dact.n), y_w(dy.n);
+      v.act = act_v.p, v.y = y_v.p, w.act = act_w.p, w.y = y_w.p;
+      cu::set_moe_f8(false);
+      cu::expert_gate_up(w, nullptr);
+      cu::expert_down(w, nullptr);
       cu::set_moe_tc2(false);
       cu::expert_gate_up(v, nullptr);
       cu::expert_down(v, nullptr);
       cu::set_moe_tc2(true);
-      const Stats va = cmp(act_t.get(), act_v.get()), vy = cmp(y_t.get(), y_v.get());
+      cu::set_moe_f8(true);
+      const Stats va = cmp(act_w.get(), act_v.get()), vy = cmp(y_w.get(), y_v.get());
       std::printf("[op] experts tc2 vs tc1 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, va.rel, vy.rel);
       EXPECT_LE(va.rel, 1e-5);
       EXPECT_LE(vy.rel, 1e-5);
+      run_experts_f8_vs_tc2(t, x, n, d, I, k);
+    }
+    if (grouped && official) {
+      // The default run above took expert_f8 (the W4A8 prefill kernel) where K % 128 == 0; the whole official MoE
+      // again on expert_tc2 (DSV4_MOE_F8=0, and still the kernel where K % 128 != 0) against the CPU twin.
+      struct F8Back {
+        ~F8Back() { cu::set_moe_f8(true); }
+      } f8_back;
+      const int64_t f0 = cu::moe_f8_launches();
+      cu::set_moe_f8(false);
+      DBuf<float> act8(dact.n), actq8(dact.n), y8(dy.n), out8(dout.n);
+      cu::ExpertArgs b = a;
+      b.act = act8.p;
+      cu::expert_gate_up(b, nullptr);
+      cu::qa8_rows(act8.p, n * k, I, actq8.p, nullptr);
+      b.act_q = actq8.p, b.y = y8.p;
+      cu::expert_down(b, nullptr);
+      cu::moe_reduce(y8.p, nullptr, n, k, d, official, out8.p, nullptr);
+      EXPECT_EQ(cu::moe_f8_launches(), f0) << "expert_f8 off";
+      expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
+                                               " grouped (expert_tc2)").c_str());
     }
   }
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);

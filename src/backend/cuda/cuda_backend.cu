@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -777,7 +778,6 @@ class CudaBackend final : public Backend {
     cuda::LinearArgs g;
     g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
     g.round_bf16 = official_;
-    g.x_bf16 = official_;  // the attention output is BF16-rounded (a hint for the f16 tensor-core GEMV)
     cuda::linear(L.wo_a, g, s_);
     if (tp_ > 1) no_collective_pending();
     // TP: wo_b is row-parallel. Each rank's partial sum stays fp32; the BF16 rounding TP1 applies to the whole sum
@@ -837,10 +837,13 @@ class CudaBackend final : public Backend {
       ys = shared_expert(L, x, n, ybuf, qa8_x);
       DSV4_CU(cudaEventRecord(join_ev_, s_));
     } else if (L.has_shared && !fuse) {
+      OpScope sub(this, "moe/shared", true);
       ys = shared_expert(L, x, n, ybuf, qa8_x);
     } else if (fuse) {
       ys = ybuf + static_cast<size_t>(k) * d;  // written by the fused down launch (slot k)
     }
+    std::optional<OpScope> part;
+    part.emplace(this, "moe/route", true);
     float* logits = scratch(7, static_cast<size_t>(n) * E);
     plain(L.gate, x, n, logits);
     int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
@@ -870,11 +873,15 @@ class CudaBackend final : public Backend {
     }
     // Official FP8/FP4 experts read QA8(x) and QA8(act): the single-slot kernels quantize while staging, other
     // paths get them from QA8 kernels.
+    part.reset();
+    part.emplace(this, "moe/gate_up", true);
     if (official_ && lowp) {
       a.qa8_x = cuda::expert_gate_up_stages_x(a);
       if (!a.qa8_x) a.x = qa8_x();
     }
     cuda::expert_gate_up(a, s_);
+    part.reset();
+    part.emplace(this, "moe/down", true);
     a.act_q = a.act;
     if (official_ && lowp) {
       a.qa8_act = cuda::expert_down_stages_x(a);
@@ -888,9 +895,11 @@ class CudaBackend final : public Backend {
     a.y = ybuf;
     a.official = official_ && tp_ == 1;
     cuda::expert_down(a, s_);
+    part.reset();
     a.official = official_;
     if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done
     if (tp_ == 1) {
+      OpScope sub(this, "moe/reduce", true);
       cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);
       return;
     }
@@ -1288,7 +1297,9 @@ class CudaBackend final : public Backend {
     CudaBackend* b;
     size_t i = SIZE_MAX;
     bool eager = false;
-    OpScope(CudaBackend* be, const char* name) : b(be) {
+    // sub: a part of an op ("moe/down"), timed in eager (prefill) profiling only; its time is inside its op's too.
+    OpScope(CudaBackend* be, const char* name, bool sub = false) : b(be) {
+      if (sub && (b->step_ || !b->eager_profiling_)) return;
       if (!b->step_ && b->eager_profiling_) {  // an eager op (prefill chunk): events on the stream, read later
         if (b->eager_n_ == b->eager_prof_.size()) {
           DecodeGraph::OpEvents e{name, nullptr, nullptr};

@@ -2112,6 +2112,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_ring.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/moe_tc2.cuh"
+#include "backend/cuda/moe_f8.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2274,34 +2275,6 @@ size_t tc_gemv_smem(int64_t K) { return kTcgRingBytes + static_cast<size_t>(K) *
 }  // namespace
 void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
 
-namespace {
-std::atomic<bool> g_tc_x16_on{[] {
-  const char* e = std::getenv("DSV4_GEMV_TC_X16");
-  return e && std::string(e) == "1";
-}()};
-// The same staging as gemv_tc_fp8_kernel (f16 x, its scales, the slice sums) + the kernel's static flag.
-size_t tc_x16_smem(int64_t K) { return tc_gemv_smem(K) + 16; }
-}  // namespace
-void set_gemv_tc_x16(bool on) { g_tc_x16_on.store(on, std::memory_order_relaxed); }
-int64_t gemv_tc_x16_fallback_blocks() {
-  unsigned long long v = 0;
-  DSV4_CU(cudaMemcpyFromSymbol(&v, g_tc_x16_fallback_blocks, sizeof(v)));
-  return static_cast<int64_t>(v);
-}
-bool gemv_tc_x16_eligible(const DevLinear& W, const LinearArgs& a) {
-  if (!g_tc_x16_on.load(std::memory_order_relaxed) || a.n != 1 || a.qa8_x || !a.x_bf16 || fmt_of(W.fmt) != kFP8 ||
-      W.in < 128 || W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x) ||
-      !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off))
-    return false;
-  if (a.group_rows) {
-    if (W.out % a.group_rows != 0 || a.group_rows % 16 != 0 || a.group_x_off % 4 != 0 || W.out / a.group_rows > sm_count())
-      return false;
-  } else if (W.out % 16 != 0) {
-    return false;
-  }
-  return tc_x16_smem(W.in) <= smem_optin();
-}
-
 // The tensor-core GEMV (gemv_tc.cuh) takes single-token FP8 linears whose x the kernel quantizes (qa8_x: official
 // numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
@@ -2323,7 +2296,7 @@ bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
 }
 
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
-  if (gemv_tc_eligible(W, a) || gemv_ring_eligible(W, a)) return true;  // (gemv_tc_x16 never takes qa8_x)
+  if (gemv_tc_eligible(W, a) || gemv_ring_eligible(W, a)) return true;
   return a.n == 1 && a.group_rows == 0 && use_xs(W.in) &&
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
@@ -2355,19 +2328,6 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     const size_t sm = tc_gemv_smem(W.in);
     allow_smem(gemv_tc_fp8_kernel, sm);
     launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
-    DSV4_LAUNCHED();
-    return;
-  }
-  if (gemv_tc_x16_eligible(W, a)) {
-    // Blocks split evenly between groups; K slices per tile (wpt): as many as the group's warps allow, <= its blocks.
-    const int G = a.group_rows ? static_cast<int>(W.out / a.group_rows) : 1;
-    const int bpg = std::max(1, sm_count() / G);
-    const int64_t ntiles = (G > 1 ? a.group_rows : W.out) / 16, KB = W.in / 128;
-    int wpt = kTcgWarps;
-    while (wpt > 1 && (wpt > KB || ntiles * wpt > static_cast<int64_t>(bpg) * kTcgWarps)) wpt /= 2;
-    const size_t sm = tc_x16_smem(W.in);
-    allow_smem(gemv_tc_x16_kernel, sm);
-    launch(gemv_tc_x16_kernel, static_cast<unsigned>(G * bpg), kTcgThreads, sm, s, r, W.out, a, wpt, G);
     DSV4_LAUNCHED();
     return;
   }
@@ -2845,11 +2805,40 @@ std::atomic<bool> g_moe_tc2_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 size_t tc2_smem(int64_t K) { return kTc2Stages * kTc2StageBytes + 256 * 4 + static_cast<size_t>(kTc2Rows) * (K / 32); }
-// Gathers the slots' activation rows (BF16, K permuted per 16-block) and runs expert_tc2.
+// The W4A8 prefill kernel (moe_f8.cuh) instead of expert_tc2 where K is whole 128-column blocks (the xg scratch
+// holds its codes, scales and work list: ~K + K / 32 bytes per slot <= the 2 K it has); DSV4_MOE_F8=0 /
+// set_moe_f8(false): expert_tc2 (A/B). Measured (docs/BENCHMARKS.md, session 14): 2048-token Flash prefill, 20 layers,
+// routed gate/up 92.5 -> 75.9 ms, down 48.8 -> 40.5 ms.
+std::atomic<bool> g_moe_f8_on{[] {
+  const char* e = std::getenv("DSV4_MOE_F8");
+  return !(e && std::string(e) == "0");
+}()};
+std::atomic<int64_t> g_moe_f8_launches{0};
+// Gathers the slots' activation rows (BF16, K permuted per 16-block) and runs expert_tc2 -- or, where
+// g_moe_f8_on, the E4M3 codes and runs expert_f8.
 template <bool GATE_UP>
 void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d;
   const int nk = a.n * a.k;
+  // The scratch holds nk rows of max(d, I) BF16 (2 bytes) per its contract: the codes, scales and work list must fit.
+  if (g_moe_f8_on.load(std::memory_order_relaxed) && K % kF8K == 0 && a.E <= kF8MaxExperts &&
+      f8_scratch_bytes(nk, K, a.E) <= static_cast<int64_t>(nk) * std::max(a.d, a.I) * 2) {
+    uint8_t* xg = reinterpret_cast<uint8_t*>(a.xg);
+    const int64_t max_tiles = f8_max_tiles(nk, a.E);
+    launch(moe_f8_tiles_kernel, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets, a.E, max_tiles,
+           reinterpret_cast<int32_t*>(xg + f8_tiles_offset(nk, K)));
+    DSV4_LAUNCHED();
+    launch(moe_gather_e4m3_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s,
+           GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
+    DSV4_LAUNCHED();
+    const size_t sm = static_cast<size_t>(kF8Stages) * kF8StageBytes;
+    const dim3 grid(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles));
+    allow_smem(expert_f8<GATE_UP>, sm);
+    launch(expert_f8<GATE_UP>, grid, kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
+    DSV4_LAUNCHED();
+    g_moe_f8_launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   launch(moe_gather_bf16_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K, 256)), 256, 0, s,
          GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, a.xg);
   DSV4_LAUNCHED();
@@ -2861,6 +2850,8 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
 }
 }  // namespace
 void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
+void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
+int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 bool moe_tc2_enabled() { return g_moe_tc2_on.load(std::memory_order_relaxed); }
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;

@@ -60,10 +60,6 @@ struct LinearArgs {
   // x is raw and the kernel applies QA8 while staging it (official numerics' FP8/FP4 linears): only where
   // gemv_stages_x() holds (single-token GEMVs), bit-identical to qa8_rows + GEMV.
   bool qa8_x = false;
-  // x holds BF16 values (official numerics' attention output, wo_a's input): a hint that the single-token FP8 GEMV on
-  // the tensor cores with f16 activations (gemv_tc_x16_kernel, DSV4_GEMV_TC_X16=1) will find x exact in f16; that
-  // kernel checks it and is exact for any x.
-  bool x_bf16 = false;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
 // exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
@@ -76,11 +72,6 @@ bool gemv_stages_x(const DevLinear& W, const LinearArgs& a);         // linear()
 // keeps the v3 kernels (A/B, tests). *_ring_eligible: the call would take the ring kernel.
 void set_gemv_ring(bool on);
 bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a);
-// Single-token FP8 GEMVs with x_bf16 (grouped or not) on the tensor cores with f16 activations (gemv_tc.cuh,
-// gemv_tc_x16_kernel): DSV4_GEMV_TC_X16=1 / set_gemv_tc_x16(true); default off (compiled, not yet measured).
-void set_gemv_tc_x16(bool on);
-int64_t gemv_tc_x16_fallback_blocks();  // its blocks (current device) whose x failed the f16 check (tests)
-bool gemv_tc_x16_eligible(const DevLinear& W, const LinearArgs& a);
 // Single-token FP8 GEMVs with qa8_x (official numerics) run on the tensor cores (gemv_tc.cuh): the same function up to
 // fp32 summation order. DSV4_GEMV_TC=0 or set_gemv_tc(false) keeps the ring / v3 kernels.
 void set_gemv_tc(bool on);
@@ -390,6 +381,10 @@ void set_expert_stage_once(bool on);
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);
 void set_moe_tc2(bool on);
 bool moe_tc2_enabled();
+// Where expert_tc2 runs and K % 128 == 0: the W4A8 kernel on FP8 tensor-core MMAs (moe_f8.cuh) instead (default;
+// DSV4_MOE_F8=0 / set_moe_f8(false): expert_tc2). The same function up to summation order.
+void set_moe_f8(bool on);
+int64_t moe_f8_launches();  // launches of it since the process started (tests)
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_ring_shared_ok(const ExpertArgs& a);
 bool expert_gate_up_stages_x(const ExpertArgs& a);

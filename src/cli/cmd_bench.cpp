@@ -178,6 +178,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                "dsv4 bench"};
   std::string which, format = "instruct", json_path;
   int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30, profile_steps = 0, trace_steps = 0;
+  bool profile_prefill = false;
   int64_t context = 8192, prompt = -1;
   app.add_option("--synthetic", which, "flash|pro: random weights with the release's shapes and formats")
       ->required()->check(CLI::IsMember({"flash", "pro"}));
@@ -197,6 +198,9 @@ int cmd_bench(const std::vector<std::string>& args) {
                  "after the timing, run this many decode steps (graph replays, no LM head) between "
                  "cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tools/gpu/profile_decode.sh)")
       ->check(CLI::Range(0, 100));
+  app.add_flag("--profile-prefill", profile_prefill,
+               "run the timed prefill between cudaProfilerStart/Stop, for `ncu --profile-from-start off` "
+               "(tools/gpu/profile_prefill.sh)");
   app.add_option("--trace-steps", trace_steps,
                  "after the timing, replay this many decode steps with every kernel stamping the moment its "
                  "predecessor completed, and print each kernel's share of the step as the graph really runs (under --tp every rank, "
@@ -267,9 +271,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   };
   // The timed prefill also records an event pair around every op (rank 0 under TP): where prefill time goes.
   dsv4::cuda_set_eager_profiling(*be, true);
+  if (profile_prefill) {
+    be->synchronize();
+    dsv4::cuda_profiler_range(true);
+  }
   t0 = Clock::now();
   run_prefill(0, prompt);
   const double prefill_s = secs(t0, Clock::now());
+  if (profile_prefill) dsv4::cuda_profiler_range(false);
   const auto prefill_prof = dsv4::cuda_eager_profile(*be);
   dsv4::cuda_set_eager_profiling(*be, false);
   run_prefill(prompt, context);
@@ -398,8 +407,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (const auto& [n, ms] : prof)
     std::printf("    %-14s %8.1f us  %5.1f%%\n", n.c_str(), ms * 1e3, 100.0 * ms / std::max(prof_total, 1e-12));
 
-  double pre_total = 0;
-  for (const auto& [n, ms] : prefill_prof) pre_total += ms;
+  double pre_total = 0;  // ops only: a part ("moe/down") is inside its op's time too
+  for (const auto& [n, ms] : prefill_prof) pre_total += n.find('/') == std::string::npos ? ms : 0.0;
   std::printf("  prefill time by op (%s, all %lld tokens, events around each op):\n", tp > 1 ? "rank 0" : "one GPU",
               (long long)prompt);
   for (const auto& [n, ms] : prefill_prof)

@@ -5,7 +5,8 @@
 # $OUT (default build-gpu/out). Exit status: non-zero if any step failed. Budget: < 7 minutes on one H200.
 # Knobs (environment): PREBUILT=DIR uses DIR/dsv4 and DIR/test_cuda built on the dev machine (carry them; saves the
 # ~3 min CUDA compile of device time) instead of configuring and building; SKIP_CTEST=1 skips the full build + CTest
-# (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer; GTEST_FILTER selects
+# (the CPU suites, which the dev machine runs anyway); SKIP_SANITIZER=1 skips compute-sanitizer (SANITIZER_FILTER: its
+# gtest filter instead of the default subset); GTEST_FILTER selects
 # test_cuda tests (default: all but the CPU-only NoiseFloor.*; the parameterized suites are named Formats/CudaTiny.*,
 # Formats/TpTiny.*, Fixtures/CudaFixture.*: a pattern like 'CudaTiny*' does not match them); SKIP_GOLDEN=1 / SKIP_BENCH_OPS=1 skip those steps;
 # BENCH_SYNTH="ARGS1;ARGS2" runs `dsv4 bench --synthetic ARGS` for each (default: Flash 20 layers at 8K on one GPU
@@ -200,7 +201,7 @@ if [ -n "${SKIP_SANITIZER:-}" ]; then
   note "- sanitizer: skipped (SKIP_SANITIZER)"
 elif command -v compute-sanitizer > /dev/null; then
   step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/test_cuda" \
-    --gtest_filter='CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.AttentionDecodeFusedWindowStore:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter'
+    --gtest_filter="${SANITIZER_FILTER:-CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.AttentionDecodeFusedWindowStore:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter:CudaOps.Mxfp4ExpertsGroupedPrefill}"
 else
   note "- sanitizer: compute-sanitizer not found"
 fi

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Why a prefill kernel runs at the speed it does: Nsight Compute's throughput, warp-state, occupancy and memory
+# sections for the first launches of the kernels matching DETAIL (a regex; default: the prefill MoE kernels) in the
+# timed prefill of a one-layer synthetic Flash bench (`dsv4 bench --profile-prefill` brackets it with
+# cudaProfilerStart/Stop). ~10 s on a warm H200. (Timing every prefill kernel under ncu instead is far too slow:
+# a 4-layer 8K prefill had not finished its first 2,048-token chunk after 220 s.) Per-op prefill times without a
+# profiler: the bench's "prefill time by op" table (events; "moe/..." rows split the MoE op).
+# Usage: tools/gpu/profile_prefill.sh [DSV4_BIN]; output in $OUT (default build-gpu/prefill_profile): detail.txt.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${1:-$ROOT/build-cuda/dsv4}
+OUT=${OUT:-$ROOT/build-gpu/prefill_profile}
+DETAIL=${DETAIL:-expert_f8|expert_tc2}
+COUNT=${COUNT:-4}
+PROMPT=${PROMPT:-2048}
+mkdir -p "$OUT"
+NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+"$NCU" --profile-from-start off --clock-control none -k "regex:$DETAIL" --launch-count "$COUNT" \
+  --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+  --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -o "$OUT/detail" -f \
+  "$BIN" bench --synthetic flash --layers 1 --context "$PROMPT" --prompt "$PROMPT" --steps 20 --profile-prefill > "$OUT/bench.log" 2>&1
+echo "ncu rc=$?"
+"$NCU" --import "$OUT/detail.ncu-rep" --print-summary none > "$OUT/detail.txt" 2>&1
+grep -E "^  [a-z_ ]*void|Duration|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Registers Per|Memory Throughput|DRAM Throughput" "$OUT/detail.txt"

@@ -402,10 +402,13 @@ TEST(CudaOps, RouterTopkTies) {
 // BF16 output rounding, x_bf16_exact), with x and the down input given a different power-of-two magnitude per
 // 128-column block and slot, so that a wrong activation-scale index shows as O(1). Both compute the same exact
 // products (QA8 x MXFP4); they differ in summation order and the FP8 MMA's internal accumulation of 32 products.
-void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k) {
+// wg: the same against the wgmma kernel (moe_wg.cuh, set_moe_wg) instead of expert_f8.
+void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k, bool wg = false) {
   struct F8Back {
-    ~F8Back() { cu::set_moe_f8(true); }
+    ~F8Back() { cu::set_moe_f8(true), cu::set_moe_wg(false); }
   } f8_back;
+  auto launches = [wg] { return wg ? cu::moe_wg_launches() : cu::moe_f8_launches(); };
+  auto set_new = [wg](bool on) { wg ? cu::set_moe_wg(on) : cu::set_moe_f8(on); };
   auto blocky = [](vector<float> v, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) v[r * cols + c] *= std::ldexp(1.0f, static_cast<int>((c / 128 * 5 + r) % 7) - 3);
@@ -417,11 +420,11 @@ void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int 
   DBuf<float> act0(nact), act1(nact), y0(ny), y1(ny), aq(nact);
   cu::ExpertArgs p = t;
   p.x = dxq.p;
-  const int64_t f0 = cu::moe_f8_launches();
+  const int64_t f0 = launches();
   cu::set_moe_f8(false);
   p.act = act0.p;
   cu::expert_gate_up(p, nullptr);  // expert_tc2
-  cu::set_moe_f8(true);
+  set_new(true);
   p.act = act1.p;
   cu::expert_gate_up(p, nullptr);  // expert_f8 where d % 128 == 0
   // The down input: tc2's act, re-scaled per block and slot, QA8 (the same for both kernels).
@@ -431,15 +434,16 @@ void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int 
   }
   p.act_q = aq.p;
   p.y = y1.p;
-  cu::expert_down(p, nullptr);  // expert_f8
+  cu::expert_down(p, nullptr);  // expert_f8 / expert_wg
+  set_new(false);
   cu::set_moe_f8(false);
   p.y = y0.p;
   cu::expert_down(p, nullptr);  // expert_tc2
-  EXPECT_EQ(cu::moe_f8_launches() - f0, d % 128 == 0 ? 2 : 1) << "expert_f8 ran";
+  EXPECT_EQ(launches() - f0, d % 128 == 0 ? 2 : 1) << (wg ? "expert_wg ran" : "expert_f8 ran");
   const auto a0 = act0.get(), a1 = act1.get(), yy0 = y0.get(), yy1 = y1.get();
   const Stats sa = cmp(a1, a0), sy = cmp(yy1, yy0);
-  std::printf("[op] experts W4A8 f8 vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
-              n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
+  std::printf("[op] experts %s vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
+              wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
   EXPECT_LE(sa.rel, 1e-5);  // the decode MMA walk vs its FMA walk: ~1.6e-7
   EXPECT_LE(sy.rel, 1e-5);
   for (float v : a1) ASSERT_TRUE(std::isfinite(v));
@@ -539,12 +543,13 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
     }
     a.n = n, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = lim, a.official = official, a.act = dact.p;
     DBuf<int32_t> doff(static_cast<size_t>(E + 1)), dperm(static_cast<size_t>(n * k));
-    DBuf<float> dxg(static_cast<size_t>(n * k) * std::max(d, I) / 2 + 1);  // expert_tc2's BF16 rows
+    const size_t xg_bytes = cu::moe_prefill_scratch_bytes(n, k, d, I, E);
+    DBuf<float> dxg(xg_bytes / 4 + 1);  // the prefill kernels' staged rows
     if (grouped) {
       cu::moe_group(dsel.p, n * k, E, doff.p, dperm.p, nullptr);
       a.perm = dperm.p, a.offsets = doff.p, a.E = E;
       a.x_bf16_exact = official;  // QA8 inputs: the tensor-core kernels (as the backend sets it)
-      a.xg = reinterpret_cast<uint16_t*>(dxg.p);
+      a.xg = reinterpret_cast<uint16_t*>(dxg.p), a.xg_bytes = xg_bytes;
       EXPECT_EQ(cu::expert_tc2_eligible(a, true), official) << "official grouped MXFP4 prefill takes expert_tc2";
       // The grouping is a permutation of the slots, expert by expert.
       const auto off = doff.get();
@@ -675,6 +680,7 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       EXPECT_LE(va.rel, 1e-5);
       EXPECT_LE(vy.rel, 1e-5);
       run_experts_f8_vs_tc2(t, x, n, d, I, k);
+      run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
     }
     if (grouped && official) {
       // The default run above took expert_f8 (the W4A8 prefill kernel) where K % 128 == 0; the whole official MoE
@@ -695,6 +701,21 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       EXPECT_EQ(cu::moe_f8_launches(), f0) << "expert_f8 off";
       expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
                                                " grouped (expert_tc2)").c_str());
+      // ... and on the wgmma kernel (moe_wg.cuh).
+      cu::set_moe_f8(true);
+      cu::set_moe_wg(true);
+      const int64_t w0 = cu::moe_wg_launches();
+      b = a;
+      b.act = act8.p;
+      cu::expert_gate_up(b, nullptr);
+      cu::qa8_rows(act8.p, n * k, I, actq8.p, nullptr);
+      b.act_q = actq8.p, b.y = y8.p;
+      cu::expert_down(b, nullptr);
+      cu::set_moe_wg(false);
+      cu::moe_reduce(y8.p, nullptr, n, k, d, official, out8.p, nullptr);
+      EXPECT_EQ(cu::moe_wg_launches() - w0, d % 128 == 0 ? 2 : 1) << "expert_wg ran (gate/up only where d % 128 == 0)";
+      expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
+                                               " grouped (expert_wg)").c_str());
     }
   }
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);

@@ -868,8 +868,10 @@ class CudaBackend final : public Backend {
       cuda::moe_group(sel, n * k, E, offsets, perm, s_);
       a.perm = perm, a.offsets = offsets, a.E = E;
       a.x_bf16_exact = official_ && lowp;  // x and act_q are QA8 values
-      if (a.x_bf16_exact && L.efmt == WeightFormat::MXFP4 && cuda::moe_tc2_enabled())  // expert_tc2's BF16 rows
-        a.xg = reinterpret_cast<uint16_t*>(scratch(31, (static_cast<size_t>(n) * k * std::max(d, I) + 1) / 2));
+      if (a.x_bf16_exact && L.efmt == WeightFormat::MXFP4 && cuda::moe_tc2_enabled()) {  // the prefill kernels' rows
+        a.xg_bytes = cuda::moe_prefill_scratch_bytes(n, k, d, I, E);
+        a.xg = reinterpret_cast<uint16_t*>(scratch(31, (a.xg_bytes + 3) / 4));
+      }
     }
     // Official FP8/FP4 experts read QA8(x) and QA8(act): the single-slot kernels quantize while staging, other
     // paths get them from QA8 kernels.

@@ -2113,6 +2113,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/moe_tc2.cuh"
 #include "backend/cuda/moe_f8.cuh"
+#include "backend/cuda/moe_wg.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2814,15 +2815,43 @@ std::atomic<bool> g_moe_f8_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 std::atomic<int64_t> g_moe_f8_launches{0};
+// The wgmma prefill kernel (moe_wg.cuh) before expert_f8 where it applies and the scratch has room (xg_bytes):
+// DSV4_MOE_WG=1 / set_moe_wg(true); opt-in: measured slower than expert_f8 (docs/BENCHMARKS.md, session 14; both
+// kernels appear bound by their weight stream, not by their instructions -- see moe_wg.cuh).
+std::atomic<bool> g_moe_wg_on{[] {
+  const char* e = std::getenv("DSV4_MOE_WG");
+  return e && std::string(e) == "1";
+}()};
+std::atomic<int64_t> g_moe_wg_launches{0};
 // Gathers the slots' activation rows (BF16, K permuted per 16-block) and runs expert_tc2 -- or, where
 // g_moe_f8_on, the E4M3 codes and runs expert_f8.
 template <bool GATE_UP>
 void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d;
   const int nk = a.n * a.k;
-  // The scratch holds nk rows of max(d, I) BF16 (2 bytes) per its contract: the codes, scales and work list must fit.
+  // The scratch: xg_bytes, or nk rows of max(d, I) BF16 (2 bytes) by default; each kernel's codes, scales and work
+  // list must fit.
+  const int64_t cap = a.xg_bytes ? static_cast<int64_t>(a.xg_bytes) : static_cast<int64_t>(nk) * std::max(a.d, a.I) * 2;
+  if (g_moe_wg_on.load(std::memory_order_relaxed) && K % kF8K == 0 && a.E <= kF8MaxExperts &&
+      wg_scratch_bytes(nk, K, a.E) <= cap) {
+    uint8_t* xg = reinterpret_cast<uint8_t*>(a.xg);
+    const int64_t max_tiles = f8_max_tiles(nk, a.E);
+    launch(moe_f8_tiles_kernel, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets, a.E, max_tiles,
+           reinterpret_cast<int32_t*>(xg + wg_tiles_offset(nk, K)));
+    DSV4_LAUNCHED();
+    launch(moe_gather_f16_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s,
+           GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
+    DSV4_LAUNCHED();
+    const size_t sm = static_cast<size_t>(kWgStages) * kWgStageBytes;
+    allow_smem(expert_wg<GATE_UP>, sm);
+    launch(expert_wg<GATE_UP>, dim3(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles)),
+           kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
+    DSV4_LAUNCHED();
+    g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   if (g_moe_f8_on.load(std::memory_order_relaxed) && K % kF8K == 0 && a.E <= kF8MaxExperts &&
-      f8_scratch_bytes(nk, K, a.E) <= static_cast<int64_t>(nk) * std::max(a.d, a.I) * 2) {
+      f8_scratch_bytes(nk, K, a.E) <= cap) {
     uint8_t* xg = reinterpret_cast<uint8_t*>(a.xg);
     const int64_t max_tiles = f8_max_tiles(nk, a.E);
     launch(moe_f8_tiles_kernel, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets, a.E, max_tiles,
@@ -2831,8 +2860,8 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
     launch(moe_gather_e4m3_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s,
            GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
     DSV4_LAUNCHED();
-    const size_t sm = static_cast<size_t>(kF8Stages) * kF8StageBytes;
     const dim3 grid(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles));
+    const size_t sm = static_cast<size_t>(kF8Stages) * kF8StageBytes;
     allow_smem(expert_f8<GATE_UP>, sm);
     launch(expert_f8<GATE_UP>, grid, kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
     DSV4_LAUNCHED();
@@ -2852,6 +2881,12 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
 void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
+void set_moe_wg(bool on) { g_moe_wg_on.store(on, std::memory_order_relaxed); }
+int64_t moe_wg_launches() { return g_moe_wg_launches.load(std::memory_order_relaxed); }
+size_t moe_prefill_scratch_bytes(int n, int k, int64_t d, int64_t I, int E) {
+  const int64_t nk = static_cast<int64_t>(n) * k, K = std::max(d, I);
+  return static_cast<size_t>(std::max(nk * K * 2, wg_scratch_bytes(nk, K, E)));
+}
 bool moe_tc2_enabled() { return g_moe_tc2_on.load(std::memory_order_relaxed); }
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up) {
   const float* in = gate_up ? a.x : a.act_q;

@@ -336,6 +336,7 @@ struct ExpertArgs {
   // Prefill scratch for expert_tc2 (moe_tc2.cuh): [n * k, max(d, I)] BF16, the slots' rows in expert order. Null:
   // the v1 tensor-core kernels (expert_tc_grouped).
   uint16_t* xg = nullptr;
+  size_t xg_bytes = 0;  // xg's size; 0: [n * k, max(d, I)] BF16 (moe_prefill_scratch_bytes() gives what all kernels fit in)
   // Decode (n == 1, ring kernels): the shared expert as slot k of the same launches -- act row k, y row k (act and y
   // then hold k + 1 rows). shared13: its w1|w3 pair (rows [0, I) w1, [I, 2I) w3), shared2: its w2; FP8.
   // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
@@ -385,6 +386,12 @@ bool moe_tc2_enabled();
 // DSV4_MOE_F8=0 / set_moe_f8(false): expert_tc2). The same function up to summation order.
 void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
+// ... and before it, the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): opt-in
+// (DSV4_MOE_WG=1 / set_moe_wg(true)), measured slower than expert_f8 so far. The same function up to summation order.
+void set_moe_wg(bool on);
+int64_t moe_wg_launches();
+// Bytes of the grouped-prefill scratch (ExpertArgs::xg) that every prefill expert kernel fits in.
+size_t moe_prefill_scratch_bytes(int n, int k, int64_t d, int64_t I, int E);
 bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_ring_shared_ok(const ExpertArgs& a);
 bool expert_gate_up_stages_x(const ExpertArgs& a);

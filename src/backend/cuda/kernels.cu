@@ -2832,39 +2832,29 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   // The scratch: xg_bytes, or nk rows of max(d, I) BF16 (2 bytes) by default; each kernel's codes, scales and work
   // list must fit.
   const int64_t cap = a.xg_bytes ? static_cast<int64_t>(a.xg_bytes) : static_cast<int64_t>(nk) * std::max(a.d, a.I) * 2;
-  if (g_moe_wg_on.load(std::memory_order_relaxed) && K % kF8K == 0 && a.E <= kF8MaxExperts &&
-      wg_scratch_bytes(nk, K, a.E) <= cap) {
-    uint8_t* xg = reinterpret_cast<uint8_t*>(a.xg);
-    const int64_t max_tiles = f8_max_tiles(nk, a.E);
+  uint8_t* xg = reinterpret_cast<uint8_t*>(a.xg);
+  const int64_t max_tiles = f8_max_tiles(nk, a.E);
+  const dim3 grid(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles));
+  // The work list at tiles_off, the gather, then the kernel (moe_f8.cuh / moe_wg.cuh).
+  auto grouped = [&](int64_t tiles_off, auto* gather, auto* kernel, size_t sm) {
     launch(moe_f8_tiles_kernel, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets, a.E, max_tiles,
-           reinterpret_cast<int32_t*>(xg + wg_tiles_offset(nk, K)));
+           reinterpret_cast<int32_t*>(xg + tiles_off));
     DSV4_LAUNCHED();
-    launch(moe_gather_f16_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s,
-           GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
+    launch(gather, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s, GATE_UP ? a.x : a.act_q, K,
+           a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
     DSV4_LAUNCHED();
-    const size_t sm = static_cast<size_t>(kWgStages) * kWgStageBytes;
-    allow_smem(expert_wg<GATE_UP>, sm);
-    launch(expert_wg<GATE_UP>, dim3(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles)),
-           kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
+    allow_smem(kernel, sm);
+    launch(kernel, grid, kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
     DSV4_LAUNCHED();
+  };
+  const bool k128 = K % kF8K == 0 && a.E <= kF8MaxExperts;
+  if (g_moe_wg_on.load(std::memory_order_relaxed) && k128 && wg_scratch_bytes(nk, K, a.E) <= cap) {
+    grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP>, static_cast<size_t>(kWgStages) * kWgStageBytes);
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (g_moe_f8_on.load(std::memory_order_relaxed) && K % kF8K == 0 && a.E <= kF8MaxExperts &&
-      f8_scratch_bytes(nk, K, a.E) <= cap) {
-    uint8_t* xg = reinterpret_cast<uint8_t*>(a.xg);
-    const int64_t max_tiles = f8_max_tiles(nk, a.E);
-    launch(moe_f8_tiles_kernel, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets, a.E, max_tiles,
-           reinterpret_cast<int32_t*>(xg + f8_tiles_offset(nk, K)));
-    DSV4_LAUNCHED();
-    launch(moe_gather_e4m3_kernel, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s,
-           GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
-    DSV4_LAUNCHED();
-    const dim3 grid(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles));
-    const size_t sm = static_cast<size_t>(kF8Stages) * kF8StageBytes;
-    allow_smem(expert_f8<GATE_UP>, sm);
-    launch(expert_f8<GATE_UP>, grid, kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
-    DSV4_LAUNCHED();
+  if (g_moe_f8_on.load(std::memory_order_relaxed) && k128 && f8_scratch_bytes(nk, K, a.E) <= cap) {
+    grouped(f8_tiles_offset(nk, K), moe_gather_e4m3_kernel, expert_f8<GATE_UP>, static_cast<size_t>(kF8Stages) * kF8StageBytes);
     g_moe_f8_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }

@@ -64,20 +64,35 @@ __global__ void moe_f8_tiles_kernel(const int32_t* offsets, int E, int64_t max, 
   for (int j = 0; j < nt; ++j) tiles[start[e] + j] = (e << 16) | j;
 }
 
-// One warp per (grouped slot p, 128-column block b): grid (nk, ceil(K / 128 / 8)), 256 threads. Codes and scale as
-// stage_x_e4m3 computes them (q * scale == the QA8 value of the row, which is already QA8: exact).
-__global__ void moe_gather_e4m3_kernel(const float* src, int64_t K, const int32_t* perm, const int32_t* end, int div,
-                                       int64_t nk, uint8_t* xg) {
-  pdl_wait();
-  const int64_t p = blockIdx.x, b = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
-  if (b >= K / 128 || p >= *end) return;
+// The gathers' common part: warp (slot p, 128-column block b) of grid (nk, ceil(K / 128 / 8)) x 256 threads loads
+// its lane's 4 columns 4 lane .. + 3 of the slot's row (perm[p] / div) and returns the block's QA8 scale s (as
+// stage_x_e4m3 computes it) with q[i] = the columns / s clamped to +-448: E4M3 values, since the row is QA8 already
+// (q * s is exactly its value), so their E4M3 or f16 conversion is exact. False: no such block or slot.
+__device__ __forceinline__ bool gather_qa8_block(const float* src, int64_t K, const int32_t* perm, const int32_t* end,
+                                                 int div, int64_t& p, int64_t& b, float (&q)[4], float& s) {
+  p = blockIdx.x, b = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
+  if (b >= K / 128 || p >= *end) return false;
   const int lane = threadIdx.x & 31;
   const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(perm[p] / div) * K + b * 128 + 4 * lane);
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;
-  auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
-  const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+  s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+  const float inv = 1.0f / s;
+  const float c[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q[i] = fminf(fmaxf(c[i] * inv, -448.0f), 448.0f);
+  return true;
+}
+
+// E4M3 codes of the grouped slots' rows in expert_f8's order (see above) and their scales.
+__global__ void moe_gather_e4m3_kernel(const float* src, int64_t K, const int32_t* perm, const int32_t* end, int div,
+                                       int64_t nk, uint8_t* xg) {
+  pdl_wait();
+  int64_t p, b;
+  float q[4], s;
+  if (!gather_qa8_block(src, K, perm, end, div, p, b, q, s)) return;
+  const int lane = threadIdx.x & 31;
+  const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q[0], q[1]), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q[2], q[3]), __NV_SATFINITE, __NV_E4M3);
   // Columns 4 lane .. + 3 = 32-block lane / 8, local columns c0 = 4 (lane % 8) .. c0 + 3: evens c0, c0 + 2 -> bytes
   // c0 / 2, c0 / 2 + 1; odds c0 + 1, c0 + 3 -> bytes 16 + c0 / 2, + 1.
   uint8_t* blk = xg + p * K + b * 128 + (lane >> 3) * 32;
@@ -85,6 +100,17 @@ __global__ void moe_gather_e4m3_kernel(const float* src, int64_t K, const int32_
   *reinterpret_cast<uint16_t*>(blk + h) = static_cast<uint16_t>((e01 & 0xFFu) | ((e23 & 0xFFu) << 8));
   *reinterpret_cast<uint16_t*>(blk + 16 + h) = static_cast<uint16_t>(((e01 >> 8) & 0xFFu) | (((e23 >> 8) & 0xFFu) << 8));
   if (lane == 0) f8_xscales(xg, nk, K)[p * (K / 128) + b] = s;
+}
+
+// Block (x, y)'s work-list entry y (moe_f8_tiles_kernel): expert e, its slots [s0, s0 + ns) of the grouped order.
+// False: y is past the list's end (the grid is sized for the most tiles there can be).
+__device__ __forceinline__ bool f8_tile(const int32_t* tiles, int64_t max, const int32_t* offsets, int& e, int32_t& s0, int& ns) {
+  if (static_cast<int>(blockIdx.y) >= tiles[max]) return false;
+  const int32_t tile = tiles[blockIdx.y];
+  e = tile >> 16;
+  s0 = offsets[e] + kF8Slots * (tile & 0xFFFF);
+  ns = min(kF8Slots, offsets[e + 1] - s0);
+  return true;
 }
 
 __device__ __forceinline__ void mma_e4m3_16832_z(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -107,11 +133,10 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const u
   pdl_wait();
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d, nk = static_cast<int64_t>(a.n) * a.k;
-  const int32_t* tiles = reinterpret_cast<const int32_t*>(xg + f8_tiles_offset(nk, K));
-  if (static_cast<int>(blockIdx.y) >= tiles[f8_max_tiles(nk, a.E)]) return;
-  const int32_t tile = tiles[blockIdx.y];
-  const int e = tile >> 16;
-  const int32_t beg = a.offsets[e] + kF8Slots * (tile & 0xFFFF), end = min(beg + kF8Slots, a.offsets[e + 1]);
+  int e, ns1;
+  int32_t beg;
+  if (!f8_tile(reinterpret_cast<const int32_t*>(xg + f8_tiles_offset(nk, K)), f8_max_tiles(nk, a.E), a.offsets, e, beg, ns1)) return;
+  const int32_t end = beg + ns1;
   const DevExpert E = a.table[e];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * (GATE_UP ? kF8Rows / 2 : kF8Rows);
   const float* xsc = f8_xscales(const_cast<uint8_t*>(xg), nk, K);

@@ -51,24 +51,19 @@ __host__ __device__ constexpr int wg_kpos(int a) {
   return 16 * ((a % 4) / 2) + 8 * (a % 2) + 2 * (a / 8) + (a % 8) / 4;
 }
 
-// One warp per (grouped slot p, 128-column block b): grid (nk, ceil(K / 128 / 8)), 256 threads. Codes and scale as
-// moe_gather_e4m3_kernel (the row is QA8 already: v / scale is exactly an E4M3 value, exact in f16).
+// f16 codes of the grouped slots' rows in expert_wg's order (see above) and their scales (gather_qa8_block:
+// moe_f8.cuh).
 __global__ void moe_gather_f16_kernel(const float* src, int64_t K, const int32_t* perm, const int32_t* end, int div,
                                       int64_t nk, uint8_t* xg) {
   pdl_wait();
-  const int64_t p = blockIdx.x, b = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
-  if (b >= K / 128 || p >= *end) return;
+  int64_t p, b;
+  float q[4], s;
+  if (!gather_qa8_block(src, K, perm, end, div, p, b, q, s)) return;
   const int lane = threadIdx.x & 31;
-  const float4 v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(perm[p] / div) * K + b * 128 + 4 * lane);
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;
-  auto q = [inv](float a) { return __half_as_ushort(__float2half_rn(fminf(fmaxf(a * inv, -448.0f), 448.0f))); };
   uint16_t* row = reinterpret_cast<uint16_t*>(xg) + p * K + b * 128 + (lane >> 3) * 32;
   const int a0 = 4 * (lane & 7);  // actual columns a0 .. a0 + 3 of the lane's 32-block
-  row[wg_kpos(a0)] = q(v.x);
-  row[wg_kpos(a0 + 1)] = q(v.y);
-  row[wg_kpos(a0 + 2)] = q(v.z);
-  row[wg_kpos(a0 + 3)] = q(v.w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) row[wg_kpos(a0 + i)] = __half_as_ushort(__float2half_rn(q[i]));
   if (lane == 0) wg_xscales(xg, nk, K)[p * (K / 128) + b] = s;
 }
 
@@ -120,12 +115,9 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d, nk = static_cast<int64_t>(a.n) * a.k;
-  const int32_t* tiles = reinterpret_cast<const int32_t*>(xg + wg_tiles_offset(nk, K));
-  if (static_cast<int>(blockIdx.y) >= tiles[f8_max_tiles(nk, a.E)]) return;
-  const int32_t tile = tiles[blockIdx.y];
-  const int e = tile >> 16;
-  const int32_t s0 = a.offsets[e] + kF8Slots * (tile & 0xFFFF);
-  const int ns = min(kF8Slots, a.offsets[e + 1] - s0);
+  int e, ns;
+  int32_t s0;
+  if (!f8_tile(reinterpret_cast<const int32_t*>(xg + wg_tiles_offset(nk, K)), f8_max_tiles(nk, a.E), a.offsets, e, s0, ns)) return;
   const DevExpert E = a.table[e];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * (GATE_UP ? kF8Rows / 2 : kF8Rows);
   const uint16_t* xc = reinterpret_cast<const uint16_t*>(xg);

@@ -679,8 +679,14 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       std::printf("[op] experts tc2 vs tc1 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, va.rel, vy.rel);
       EXPECT_LE(va.rel, 1e-5);
       EXPECT_LE(vy.rel, 1e-5);
-      run_experts_f8_vs_tc2(t, x, n, d, I, k);
-      run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
+      // Both kernels at both pipeline depths (DSV4_MOE_PREFILL_STAGES): the same arithmetic, so the same results.
+      for (int stages : {4, 8}) {
+        cu::set_moe_prefill_stages(stages);
+        std::printf("[op] prefill expert kernels with %d pipeline stages:\n", stages);
+        run_experts_f8_vs_tc2(t, x, n, d, I, k);
+        run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
+      }
+      cu::set_moe_prefill_stages(4);
     }
     if (grouped && official) {
       // The default run above took expert_f8 (the W4A8 prefill kernel) where K % 128 == 0; the whole official MoE

@@ -2823,6 +2823,12 @@ std::atomic<bool> g_moe_wg_on{[] {
   return e && std::string(e) == "1";
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
+// Pipeline stages of both: 4 (measured), or 8 (DSV4_MOE_PREFILL_STAGES=8 / set_moe_prefill_stages(8); compiled,
+// not yet run on a GPU).
+std::atomic<int> g_moe_prefill_stages{[] {
+  const char* e = std::getenv("DSV4_MOE_PREFILL_STAGES");
+  return e && std::string(e) == "8" ? 8 : 4;
+}()};
 // Gathers the slots' activation rows (BF16, K permuted per 16-block) and runs expert_tc2 -- or, where
 // g_moe_f8_on, the E4M3 codes and runs expert_f8.
 template <bool GATE_UP>
@@ -2848,13 +2854,16 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
   };
   const bool k128 = K % kF8K == 0 && a.E <= kF8MaxExperts;
+  const bool s8 = g_moe_prefill_stages.load(std::memory_order_relaxed) == 8;
   if (g_moe_wg_on.load(std::memory_order_relaxed) && k128 && wg_scratch_bytes(nk, K, a.E) <= cap) {
-    grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP>, static_cast<size_t>(kWgStages) * kWgStageBytes);
+    if (s8) grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP, 8>, size_t{8} * kWgStageBytes);
+    else grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP, 4>, size_t{4} * kWgStageBytes);
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   if (g_moe_f8_on.load(std::memory_order_relaxed) && k128 && f8_scratch_bytes(nk, K, a.E) <= cap) {
-    grouped(f8_tiles_offset(nk, K), moe_gather_e4m3_kernel, expert_f8<GATE_UP>, static_cast<size_t>(kF8Stages) * kF8StageBytes);
+    if (s8) grouped(f8_tiles_offset(nk, K), moe_gather_e4m3_kernel, expert_f8<GATE_UP, 8>, size_t{8} * kF8StageBytes);
+    else grouped(f8_tiles_offset(nk, K), moe_gather_e4m3_kernel, expert_f8<GATE_UP, 4>, size_t{4} * kF8StageBytes);
     g_moe_f8_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -2872,6 +2881,10 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(bool on) { g_moe_wg_on.store(on, std::memory_order_relaxed); }
+void set_moe_prefill_stages(int stages) {
+  if (stages != 4 && stages != 8) fail("set_moe_prefill_stages: 4 or 8 stages (got ", stages, ")");
+  g_moe_prefill_stages.store(stages, std::memory_order_relaxed);
+}
 int64_t moe_wg_launches() { return g_moe_wg_launches.load(std::memory_order_relaxed); }
 size_t moe_prefill_scratch_bytes(int n, int k, int64_t d, int64_t I, int E) {
   const int64_t nk = static_cast<int64_t>(n) * k, K = std::max(d, I);

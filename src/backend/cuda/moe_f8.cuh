@@ -30,7 +30,7 @@
 // (cp_async*) and moe_grouped.cuh (tc_grouped_store).
 #pragma once
 
-constexpr int kF8Rows = 128, kF8Slots = 64, kF8K = 128, kF8Stages = 4, kF8Threads = 256, kF8MaxExperts = 1024;
+constexpr int kF8Rows = 128, kF8Slots = 64, kF8K = 128, kF8Threads = 256, kF8MaxExperts = 1024;
 constexpr int kF8ABytes = kF8Rows * kF8K / 2;  // 8 KB of FP4 weights per stage
 constexpr int kF8BBytes = kF8Slots * kF8K;     // 8 KB of E4M3 codes per stage
 constexpr int kF8StageBytes = kF8ABytes + kF8BBytes + kF8Rows * 4 + kF8Slots * 4;  // + weight / activation scales
@@ -128,7 +128,10 @@ __device__ __forceinline__ void mma_e4m3_16832_z(float (&d)[4], uint32_t a0, uin
 // 243 registers (ptxas), so one block (8 warps) per SM: the two-blocks-per-SM variant in 128 registers (the decode
 // walk's per-MMA scale product instead of the per-128-block partials below; spills) measured slower (docs/BENCHMARKS.md,
 // session 14).
-template <bool GATE_UP>
+// kF8Stages: the cp.async pipeline's stages (kF8Stages - 1 steps in flight): 4 (measured), or 8 with
+// DSV4_MOE_PREFILL_STAGES=8 (compiled, not yet run: 7 steps = 448 bytes of each weight row in flight, like the decode
+// walk's ring -- the test of the weight-stream hypothesis, docs/BENCHMARKS.md session 14).
+template <bool GATE_UP, int kF8Stages>
 __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();
   extern __shared__ __align__(16) uint8_t smem[];

@@ -39,7 +39,6 @@
 
 constexpr int kWgBBytes = kF8Slots * kF8K * 2;                                  // 16 KB of f16 codes per stage
 constexpr int kWgStageBytes = kF8ABytes + kF8Rows * 4 + kWgBBytes + kF8Slots * 4;  // + weight / activation scales
-constexpr int kWgStages = 4;
 
 // The scratch as this kernel uses it (f16 codes, scales, work list), and its size.
 __host__ __device__ inline int64_t wg_tiles_offset(int64_t nk, int64_t K) { return (nk * K * 2 + nk * (K / 128) * 4 + 15) / 16 * 16; }
@@ -110,7 +109,8 @@ __device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
 }
 
 // grid (ceil(R / (GATE_UP ? 64 : 128)), f8_max_tiles), 256 threads, kWgStages * kWgStageBytes of dynamic shared memory.
-template <bool GATE_UP>
+// kWgStages: as expert_f8's kF8Stages (4 measured; 8 with DSV4_MOE_PREFILL_STAGES=8, compiled, not yet run).
+template <bool GATE_UP, int kWgStages>
 __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];

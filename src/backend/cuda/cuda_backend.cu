@@ -596,6 +596,8 @@ class CudaBackend final : public Backend {
       return xq;
     };
     float* kvraw = tmp + static_cast<size_t>(n) * ql;
+    std::optional<OpScope> part;  // prefill (eager) profiling: the op's parts
+    part.emplace(this, "attn_qkv/wq_a+wkv", true);
     if (n == 1 && L.wq_a_wkv.w) {
       lin(L.wq_a_wkv, x, 1, tmp);  // [q_lora | head_dim]; lin() quantizes x inside the GEMV
     } else {
@@ -609,7 +611,10 @@ class CudaBackend final : public Backend {
     b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_, b.dpos = dpos();
     cuda::NormRopeArgs k = b;
     k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
+    part.reset();
+    part.emplace(this, "attn_qkv/norms", true);
     cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
+    part.reset();
     // Decode: the compressor and indexer ops the model issues next read only x and qr (ready here) and write their own
     // state and scratch, so they run on side streams -- parallel branches of a captured step -- beside wq_b and the
     // query RoPE; attend() joins them. Three branches (kSideIdx, kSideIdxQ, kSideComp: see SideScope) because the
@@ -631,7 +636,10 @@ class CudaBackend final : public Backend {
       }
       attn_side_open_ = true;
     }
+    part.emplace(this, "attn_qkv/wq_b", true);
     lin(L.wq_b, qr, n, q);
+    part.reset();
+    part.emplace(this, "attn_qkv/q_rope", true);
     cuda::norm_rope(b, s_);
   }
 
@@ -688,6 +696,7 @@ class CudaBackend final : public Backend {
     float* wI = scratch(4, static_cast<size_t>(n) * Hi);
     {  // the queries and head weights read only qr and x: their own branch, beside the indexer's compressor
       SideScope qside(this, fork ? kSideIdxQ : -1);
+      OpScope sub(this, "indexer_topk/queries", true);
       // A batch's rows (one call each, in one fork window) share qI / wI: this row's queries overwrite them only after
       // the previous row's scores (on kSideIdx) have read them.
       if (fork && idx_scores_pending_) DSV4_CU(cudaStreamWaitEvent(s_, idx_done_ev_, 0));
@@ -702,8 +711,14 @@ class CudaBackend final : public Backend {
     // and never read by the top-k).
     const int64_t ld = dyn_ ? S.cap : std::max<int64_t>(1, visible_end);
     float* sc = scratch(13, static_cast<size_t>(n * ld));
-    cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_, dpos());
-    cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_, dpos());
+    {
+      OpScope sub(this, "indexer_topk/scores", true);
+      cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_, dpos());
+    }
+    {
+      OpScope sub(this, "indexer_topk/topk", true);
+      cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_, dpos());
+    }
     if (fork) {
       DSV4_CU(cudaEventRecord(idx_done_ev_, s_));
       idx_scores_pending_ = true;
@@ -766,6 +781,7 @@ class CudaBackend final : public Backend {
     if (n == 1 && done != deroped_.end()) {
       deroped_.erase(done);  // the attention's merge kernel applied the inverse RoPE already
     } else {
+      OpScope sub(this, "attn_out/derope", true);
       cuda::NormRopeArgs a;
       a.x = o, a.y = ur, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
       a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
@@ -778,11 +794,17 @@ class CudaBackend final : public Backend {
     cuda::LinearArgs g;
     g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
     g.round_bf16 = official_;
-    cuda::linear(L.wo_a, g, s_);
+    {
+      OpScope sub(this, "attn_out/wo_a", true);
+      cuda::linear(L.wo_a, g, s_);
+    }
     if (tp_ > 1) no_collective_pending();
     // TP: wo_b is row-parallel. Each rank's partial sum stays fp32; the BF16 rounding TP1 applies to the whole sum
     // runs after the all-reduce (finish_collective), so TP changes nothing but the fp32 summation order.
-    lin(L.wo_b, z, n, out, tp_ == 1);
+    {
+      OpScope sub(this, "attn_out/wo_b", true);
+      lin(L.wo_b, z, n, out, tp_ == 1);
+    }
     all_reduce(out, static_cast<size_t>(n) * c_.hidden);  // the collective ends the op
     if (tp_ > 1 && official_) pending_ = Pending{Pending::Round, out, nullptr, n};
   }

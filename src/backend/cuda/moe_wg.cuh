@@ -109,7 +109,9 @@ __device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
 }
 
 // grid (ceil(R / (GATE_UP ? 64 : 128)), f8_max_tiles), 256 threads, kWgStages * kWgStageBytes of dynamic shared memory.
-// kWgStages: as expert_f8's kF8Stages (4 measured; 8 with DSV4_MOE_PREFILL_STAGES=8, compiled, not yet run).
+// kWgStages: as expert_f8's kF8Stages (4 measured; 8 with DSV4_MOE_PREFILL_STAGES=8, compiled, not yet run). The
+// main loop's overlap of the next stage's barrier with the step's wgmmas was written after the measured runs:
+// compiled, not yet run.
 template <bool GATE_UP, int kWgStages>
 __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();
@@ -164,25 +166,8 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
   };
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lch = lane >> 4;
   const int mrow = 16 * warp;  // this warp's first tile row
-#pragma unroll
-  for (int p = 0; p < kWgStages - 1; ++p) issue(p);
-  float acc[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-  for (int ks = 0; ks < nks; ++ks) {
-    cp_async_wait<kWgStages - 2>();
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> the wgmma (async proxy) reads
-    __syncthreads();  // stage ks has landed for every thread; stage ks - 1 is no longer read
-    issue(ks + kWgStages - 1);
-    const uint8_t* st = smem + (ks % kWgStages) * kWgStageBytes;
-    const uint32_t ws0 = *reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g));
-    const uint32_t ws8 = *reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g + 8));
-    const uint8_t* bst = st + kF8ABytes + kF8Rows * 4;
-    const float* xs = reinterpret_cast<const float*>(bst + kWgBBytes);
-    // All 4 chunks' wgmmas in flight at once (one commit, one wait per step): their A registers and accumulator sets
-    // must stay untouched until the wait (the first GPU run waited per chunk: 4 round trips per step, slower than
-    // expert_f8).
-    uint32_t av[4][2][4];  // [chunk][k16 step][A register]
+  // The A registers of a step's 4 chunks (E2M1 -> f16 of the lane's FP4 words of rows g and g + 8).
+  auto build_a = [&](const uint8_t* st, uint32_t (&av)[4][2][4]) {
 #pragma unroll
     for (int cp = 0; cp < 2; ++cp) {  // chunk pairs: one ldmatrix.x4 gives rows g, g + 8 of chunks 2 cp and 2 cp + 1
       uint32_t w[4];
@@ -198,6 +183,25 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
         av[c][1][2] = e2m1_pair_f16<3>(wg), av[c][1][3] = e2m1_pair_f16<3>(wg8);
       }
     }
+  };
+#pragma unroll
+  for (int p = 0; p < kWgStages - 1; ++p) issue(p);
+  cp_async_wait<kWgStages - 2>();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> the wgmma (async proxy) reads
+  __syncthreads();  // stage 0 has landed for every thread
+  uint32_t av[4][2][4];  // [chunk][k16 step][A register]
+  build_a(smem, av);
+  float acc[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+  // Per step: the 4 chunks' wgmmas in flight at once (one commit, one wait; the first GPU run waited per chunk: 4
+  // round trips per step, slower), and while they run the next stage's barrier and the loads of stage ks + S - 1 (into
+  // the slot step ks - 1 used: its wgmmas were waited for, its scales read, before this step's barrier). The A
+  // registers and accumulator sets of the wgmmas in flight stay untouched until the wait; the next step's A registers
+  // are built after it.
+  for (int ks = 0; ks < nks; ++ks) {
+    const uint8_t* st = smem + (ks % kWgStages) * kWgStageBytes;
+    const uint8_t* bst = st + kF8ABytes + kF8Rows * 4;
     float d[4][32];
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers are written
 #pragma unroll
@@ -206,9 +210,16 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
       wgmma_f16_64<true>(d[c], av[c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    cp_async_wait<kWgStages - 3>();  // stage ks + 1 (prologue S - 1 groups + one per step so far)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read
+    issue(ks + kWgStages - 1);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int c = 0; c < 4; ++c) wg_fence_acc(d[c]);
+    const uint32_t ws0 = *reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g));
+    const uint32_t ws8 = *reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g + 8));
+    const float* xs = reinterpret_cast<const float*>(bst + kWgBBytes);
     float sg[4], sg8[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) sg[c] = e8m0_dev((ws0 >> (8 * c)) & 0xFFu), sg8[c] = e8m0_dev((ws8 >> (8 * c)) & 0xFFu);
@@ -227,6 +238,7 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
         acc[n] = fmaf(p, (q & 1) ? x1 : x0, acc[n]);
       }
     }
+    if (ks + 1 < nks) build_a(smem + ((ks + 1) % kWgStages) * kWgStageBytes, av);
   }
   cp_async_wait<0>();
   // Epilogue: acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q of the tile.

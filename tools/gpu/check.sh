@@ -158,8 +158,9 @@ if [ -n "${PROBE:-}" ]; then
     step probe 120 "$BUILD/probe" && cat "$OUT/probe.log" >> "$SUMMARY"
 fi
 
-# AB="VAR1 VAR2=V ...": the Flash bench (AB_LAYERS layers, default 20; 2K prompt) once per entry (VAR alone: VAR=0),
-# after one with none; AB_REPS=N repeats that sequence N times (base and variants alternate: drift shows).
+# AB="VAR1 VAR2=V ...": the Flash bench (AB_LAYERS layers, default 20; 2K prompt) once per entry (VAR alone: VAR=0;
+# several variables in one entry joined by commas: A=1,B=2), after one with none; AB_REPS=N repeats that sequence N
+# times (base and variants alternate: drift shows).
 AB_LAYERS=${AB_LAYERS:-20}
 if [ -n "${AB:-}" ]; then
   ab_line() { grep -E "per layer|prefill [0-9]+ tokens" "$1" | tr -s ' ' | tr '\n' ' '; }
@@ -168,8 +169,9 @@ if [ -n "${AB:-}" ]; then
     note "- A/B (${AB_LAYERS}L, rep $rep) base: $(ab_line "$OUT/ab_base_r$rep.log")"
     for v in $AB; do
       case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
-      name=$(echo "$kv" | tr '=' '_')
-      step "ab_${name}_r$rep" 150 env "$kv" "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt 2048
+      name=$(echo "$kv" | tr '=,' '__')
+      # shellcheck disable=SC2046  # the entry's comma-separated assignments become separate env arguments
+      step "ab_${name}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt 2048
       note "- A/B (${AB_LAYERS}L, rep $rep) $kv: $(ab_line "$OUT/ab_${name}_r$rep.log")"
     done
   done
@@ -180,8 +182,9 @@ if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then
   for rep in $(seq 1 "${AB_REPS:-1}"); do
     for v in base $AB_TP; do
       case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
-      name=$(echo "$kv" | tr '=' '_')
-      step "abtp_${name}_r$rep" 150 env "$kv" "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt 2048
+      name=$(echo "$kv" | tr '=,' '__')
+      # shellcheck disable=SC2046
+      step "abtp_${name}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt 2048
       note "- A/B TP2 (rep $rep) $kv: $(abt_line "$OUT/abtp_${name}_r$rep.log")"
     done
   done

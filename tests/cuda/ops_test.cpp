@@ -680,13 +680,14 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       EXPECT_LE(va.rel, 1e-5);
       EXPECT_LE(vy.rel, 1e-5);
       // Both kernels at both pipeline depths (DSV4_MOE_PREFILL_STAGES): the same arithmetic, so the same results.
+      const int stages0 = cu::moe_prefill_stages();
       for (int stages : {4, 8}) {
         cu::set_moe_prefill_stages(stages);
         std::printf("[op] prefill expert kernels with %d pipeline stages:\n", stages);
         run_experts_f8_vs_tc2(t, x, n, d, I, k);
         run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
       }
-      cu::set_moe_prefill_stages(4);
+      cu::set_moe_prefill_stages(stages0);
     }
     if (grouped && official) {
       // The default run above took expert_f8 (the W4A8 prefill kernel) where K % 128 == 0; the whole official MoE

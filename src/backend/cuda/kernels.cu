@@ -2881,6 +2881,7 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(bool on) { g_moe_wg_on.store(on, std::memory_order_relaxed); }
+int moe_prefill_stages() { return g_moe_prefill_stages.load(std::memory_order_relaxed); }
 void set_moe_prefill_stages(int stages) {
   if (stages != 4 && stages != 8) fail("set_moe_prefill_stages: 4 or 8 stages (got ", stages, ")");
   g_moe_prefill_stages.store(stages, std::memory_order_relaxed);

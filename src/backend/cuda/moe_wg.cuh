@@ -111,7 +111,8 @@ __device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
 // grid (ceil(R / (GATE_UP ? 64 : 128)), f8_max_tiles), 256 threads, kWgStages * kWgStageBytes of dynamic shared memory.
 // kWgStages: as expert_f8's kF8Stages (4 measured; 8 with DSV4_MOE_PREFILL_STAGES=8, compiled, not yet run). The
 // main loop's overlap of the next stage's barrier with the step's wgmmas was written after the measured runs:
-// compiled, not yet run.
+// compiled, not yet run. Its cost: a step waits for stage ks + 1 (not ks), so a stage's copies have S - 2 steps to
+// land instead of S - 1 (2 instead of 3 at 4 stages) -- measure it at both depths.
 template <bool GATE_UP, int kWgStages>
 __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();

@@ -391,6 +391,7 @@ int64_t moe_f8_launches();  // launches of it since the process started (tests)
 void set_moe_wg(bool on);
 // Their cp.async pipeline: 4 stages (default, measured) or 8 (DSV4_MOE_PREFILL_STAGES=8; compiled, not yet run).
 void set_moe_prefill_stages(int stages);
+int moe_prefill_stages();
 int64_t moe_wg_launches();
 // Bytes of the grouped-prefill scratch (ExpertArgs::xg) that every prefill expert kernel fits in.
 size_t moe_prefill_scratch_bytes(int n, int k, int64_t d, int64_t I, int E);

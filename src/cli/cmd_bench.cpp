@@ -412,7 +412,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("  prefill time by op (%s, all %lld tokens, events around each op):\n", tp > 1 ? "rank 0" : "one GPU",
               (long long)prompt);
   for (const auto& [n, ms] : prefill_prof)
-    std::printf("    %-14s %10.1f ms  %5.1f%%\n", n.c_str(), ms, 100.0 * ms / std::max(pre_total, 1e-12));
+    std::printf("    %-24s %10.1f ms  %5.1f%%\n", n.c_str(), ms, 100.0 * ms / std::max(pre_total, 1e-12));
 
   nlohmann::json j = {{"model", which}, {"format", format}, {"layers", layers}, {"tp", tp}, {"context", context},
                       {"prompt", prompt}, {"chunk", chunk}, {"bandwidth_gbs", bw / 1e9},

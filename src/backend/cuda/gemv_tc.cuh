@@ -53,7 +53,7 @@ __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int
   }
 }
 
-// The pieces both decode kernels below share. tc_issue_step: one lane's copies of a 16-row tile's 128-column step (rg:
+// The decode kernel's pieces. tc_issue_step: one lane's copies of a 16-row tile's 128-column step (rg:
 // row g's bytes at the step, row g + 8 at rg + 8 K), chunks t and t + 4 of both rows, into ring slot lslot.
 __device__ __forceinline__ void tc_issue_step(uint4* ring, int lslot, int tid, const uint8_t* rg, int64_t K) {
   const uint8_t* rg8 = rg + 8 * K;
@@ -63,7 +63,7 @@ __device__ __forceinline__ void tc_issue_step(uint4* ring, int lslot, int tid, c
   cp_async16(dst + 2 * kTcgThreads, rg8);
   cp_async16(dst + 3 * kTcgThreads, rg8 + 64);
 }
-// A warp's walk (both kernels): its tiles are tile_of(0), tile_of(1), ... (block step `it` of the `nblk` blocks that
+// A warp's walk: its tiles are tile_of(0), tile_of(1), ... (block step `it` of the `nblk` blocks that
 // share the tiles, this block `blk`), each over its K slice [kb0, kb0 + nkb) of 128-column blocks; issue() copies the
 // next step (load cursor it / k / slot), prologue() the first kS - 1 steps.
 struct TcWalk {

@@ -169,6 +169,8 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const u
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lch = lane >> 4;
   const int bsl = (lane & 7) + 8 * (lane >> 4), bun = (lane >> 3) & 1;
   auto mrow = [&](int mt) { return GATE_UP ? mt * (kF8Rows / 2) + 16 * wm : 32 * wm + 16 * mt; };
+  // One pass: the work list gives a block one slot tile (end - beg <= 64). Kept as the GPU-measured loop of the
+  // per-expert grid: flattening it changed the generated code (PTX), unmeasured.
   for (int32_t s0 = beg; s0 < end; s0 += kF8Slots) {
     const int ns = min(kF8Slots, end - s0);
     const int64_t sl0 = s0 + min(b_slot, ns - 1), sl1 = s0 + min(b_slot + 32, ns - 1);

@@ -72,11 +72,6 @@ __device__ __forceinline__ uint32_t e2m1_pair_f16(uint32_t w) {
   const uint32_t m = J <= 2 ? w << (9 - 4 * J) : w >> 3, sgn = w << (12 - 4 * J);
   return (m & 0x0E000E00u) | (sgn & 0x80008000u);
 }
-__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
 // Shared-memory matrix descriptor (sm_90): start >> 4, LBO >> 4 (bits 16..29), SBO >> 4 (bits 32..45), no swizzle.
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   const uint64_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -906,6 +906,51 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(96, true);
 }
 
+// expert_wg folds each weight row's four per-32 scales of a 128-column step into its f16 operands, relative to the
+// step's largest (moe_wg.cuh, wg_fold): exact while they span <= 15 binades, rounded below that. Here every scale is
+// drawn from 91 binades (so most steps span far more than 15) and both prefill kernels are held against expert_tc2,
+// which applies each scale exactly: a wrong fold (chunk, row or exponent) shows as O(1), and the rounding of chunks
+// more than 15 binades below a step's largest must stay invisible (terms below 2^-24 of it).
+TEST(CudaOps, Mxfp4ExpertsPrefillScaleSpread) {
+  std::mt19937 g(29);
+  const int E = 4, k = 2, n = 200;
+  const int64_t d = 512, I = 512;
+  std::uniform_int_distribution<int> wide(80, 170);
+  vector<std::unique_ptr<HostLinear>> hosts;
+  vector<cu::DevLinear> devs;
+  vector<cu::DevExpert> table;
+  for (int e = 0; e < E; ++e) {
+    for (int m = 0; m < 3; ++m) {  // w1, w3 [I, d]; w2 [d, I]
+      hosts.push_back(make_linear(WeightFormat::MXFP4, m == 2 ? d : I, m == 2 ? I : d, g));
+      for (auto& b : hosts.back()->s->bytes) b = static_cast<uint8_t>(wide(g));
+      devs.push_back(cu::upload_linear(hosts.back()->ref));
+    }
+    table.push_back(cu::make_dev_expert(devs[3 * e], devs[3 * e + 1], devs[3 * e + 2]));
+  }
+  DBuf<cu::DevExpert> dtable(table);
+  const vector<float> x = randn(static_cast<size_t>(n * d), g, 0.05f);
+  vector<int32_t> sel(static_cast<size_t>(n * k));
+  vector<float> wts(sel.size());
+  std::uniform_real_distribution<float> uw(0.2f, 1.0f);
+  for (int t = 0; t < n; ++t) {
+    sel[t * k] = t % E;
+    sel[t * k + 1] = (t % E + 1 + (t / E) % (E - 1)) % E;  // another expert
+    wts[t * k] = uw(g), wts[t * k + 1] = uw(g);
+  }
+  DBuf<int32_t> dsel(sel), doff(static_cast<size_t>(E + 1)), dperm(sel.size());
+  DBuf<float> dwts(wts);
+  cu::moe_group(dsel.p, n * k, E, doff.p, dperm.p, nullptr);
+  const size_t xg_bytes = cu::moe_prefill_scratch_bytes(n, k, d, I, E);
+  DBuf<float> dxg(xg_bytes / 4 + 1);
+  cu::ExpertArgs t;
+  t.table = dtable.p, t.fmt = WeightFormat::MXFP4, t.d = d, t.I = I, t.sb1 = d / 32, t.sb2 = I / 32;
+  t.n = n, t.k = k, t.sel = dsel.p, t.wts = dwts.p, t.limit = 10.0f, t.official = false, t.x_bf16_exact = true;
+  t.perm = dperm.p, t.offsets = doff.p, t.E = E, t.xg = reinterpret_cast<uint16_t*>(dxg.p), t.xg_bytes = xg_bytes;
+  run_experts_f8_vs_tc2(t, x, n, d, I, k);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
+  for (auto& l : devs) cu::free_linear(l);
+}
+
 // ---- sparse attention with sink: window + top-k (CSA) or all compressed entries (HCA), split-KV on the GPU -------
 // kind 1: 128-window + 512 top-k (with -1 holes) of 512 dims, 64 heads, 3 queries; kind 2: HCA over every visible
 // entry at a long context (many chunks, the last ones partly empty for the earlier queries); odd head counts exercise

@@ -163,7 +163,7 @@ fi
 # times (base and variants alternate: drift shows).
 AB_LAYERS=${AB_LAYERS:-20}
 if [ -n "${AB:-}" ]; then
-  ab_line() { grep -E "per layer|prefill [0-9]+ tokens" "$1" | tr -s ' ' | tr '\n' ' '; }
+  ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down" "$1" | tr -s ' ' | tr '\n' ' '; }
   for rep in $(seq 1 "${AB_REPS:-1}"); do
     step "ab_base_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt 2048
     note "- A/B (${AB_LAYERS}L, rep $rep) base: $(ab_line "$OUT/ab_base_r$rep.log")"

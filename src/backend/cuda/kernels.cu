@@ -2816,8 +2816,8 @@ std::atomic<bool> g_moe_f8_on{[] {
 }()};
 std::atomic<int64_t> g_moe_f8_launches{0};
 // The wgmma prefill kernel (moe_wg.cuh) before expert_f8 where it applies and the scratch has room (xg_bytes):
-// DSV4_MOE_WG=1 / set_moe_wg(true); opt-in: measured slower than expert_f8 (docs/BENCHMARKS.md, session 14; both
-// kernels appear bound by their weight stream, not by their instructions -- see moe_wg.cuh).
+// DSV4_MOE_WG=1 / set_moe_wg(true); opt-in: v1 measured slower than expert_f8 (docs/BENCHMARKS.md, session 14), v2
+// (scales folded, promotion overlapped; moe_wg.cuh) not yet measured.
 std::atomic<bool> g_moe_wg_on{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
   return e && std::string(e) == "1";
@@ -2855,7 +2855,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   };
   const bool k128 = K % kF8K == 0 && a.E <= kF8MaxExperts;
   const bool s8 = g_moe_prefill_stages.load(std::memory_order_relaxed) == 8;
-  if (g_moe_wg_on.load(std::memory_order_relaxed) && k128 && wg_scratch_bytes(nk, K, a.E) <= cap) {
+  if (g_moe_wg_on.load(std::memory_order_relaxed) && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
     if (s8) grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP, 8>, size_t{8} * kWgStageBytes);
     else grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP, 4>, size_t{4} * kWgStageBytes);
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);

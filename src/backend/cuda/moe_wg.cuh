@@ -2,14 +2,12 @@
 // of official numerics where K is whole 128-column blocks, DSV4_MOE_WG=1 / set_moe_wg(true) (opt-in), in place of
 // expert_f8 (moe_f8.cuh).
 //
-// Measured (docs/BENCHMARKS.md, session 14; one H200, 20 Flash layers, one 2,048-token chunk): correct (vs expert_tc2
-// unrounded rel L2 <= 1.34e-6, the same as expert_f8: both sum f16-exact products per 32-column block in fp32), but
-// SLOWER than expert_f8: gate/up 85.4 ms (wgmma and wait per chunk) / 87.5 ms (all 4 chunks in flight, one wait per
-// step) vs 75.8-76.2; down 50.1-50.5 vs 40.5-40.7. With ~2.5x fewer instructions than expert_f8 (ncu: 51 % issue
-// slots busy) and no gain, both kernels look bound by the weight stream: each block reads 64 bytes of each of its 128
-// rows (2 KB apart) per step with only 3 steps in flight (expert_f8 ncu: DRAM 14 % of peak, ~1.8 us per step), where
-// the decode walk keeps 7 steps of a row in flight. Next: deeper pipelines / longer row runs per step (compiled but
-// not run: 8 stages), then this kernel again.
+// v1 (session 14, docs/BENCHMARKS.md; one H200, 20 Flash layers, one 2,048-token chunk): correct (vs expert_tc2
+// unrounded rel L2 <= 1.34e-6, as expert_f8) but SLOWER than expert_f8: gate/up 85.4-87.5 ms vs 75.8-76.2, down
+// 50.1-50.5 vs 40.5-40.7. Per 128-column step it ran 4 accumulator sets (one per 32-column scale), waited for all its
+// wgmmas (wait_group 0), then did ~160 FMAs of scaling before building the next A registers: tensor cores and the
+// other pipes took turns. v2 (this code, session 15): the weight scales folded into the A operands (wg_fold), one
+// accumulator set per step, promotion overlapped with the next step's wgmmas -- see the kernel.
 //
 // Why: expert_f8's m16n8k32 E4M3 mma.sync is not native on sm_90a (ptxas: F2FP unpacks + two f16 HMMAs per MMA), so
 // it issues ~25 instructions per MMA and ran at ~150 TFLOP/s (ncu: 51 % issue slots busy). wgmma is Hopper's native
@@ -19,9 +17,10 @@
 // and the QA8 activation codes (E4M3 values) are exact in f16. Half the FP8 rate still leaves the kernel
 // tensor-bound on paper (per 128-column step and warpgroup: 256 tensor cycles vs ~230 issue cycles).
 //
-// Arithmetic (expert_f8's): per 32-column block (one E8M0 weight scale per row) the two k16 wgmmas accumulate into a
-// fresh accumulator set D (f16 x f16 products are exact, summed in fp32); part += D x weight scale; after the
-// 128-column step acc += part x the slot's activation scale x 2^14 (E2M1 -> f16 gives value x 2^-14).
+// Arithmetic: a row's E2M1 values of 32-column chunk c become f16 value x 2^-14 x 2^(e_c - base) (wg_fold: exact
+// while the row's four chunk scales e_c of the step span <= 15 binades), so the step's 8 k16 wgmmas sum exact f16 x
+// f16 products in fp32 into one accumulator set D; then acc += D x 2^(base - 127) x 2^14 x the slot's activation
+// scale. The same exact products as expert_f8 (which scales per 32-column chunk), another fp32 summation order.
 //
 // Operands as staged:
 // - x: moe_gather_f16_kernel writes each grouped slot's QA8 codes as f16 [slots][K] with K permuted inside every
@@ -39,6 +38,7 @@
 
 constexpr int kWgBBytes = kF8Slots * kF8K * 2;                                  // 16 KB of f16 codes per stage
 constexpr int kWgStageBytes = kF8ABytes + kF8Rows * 4 + kWgBBytes + kF8Slots * 4;  // + weight / activation scales
+constexpr int kWgGroup = 4;  // 128-column steps per unrolled group of the main loop (expert_wg); must divide K / 128
 
 // The scratch as this kernel uses it (f16 codes, scales, work list), and its size.
 __host__ __device__ inline int64_t wg_tiles_offset(int64_t nk, int64_t K) { return (nk * K * 2 + nk * (K / 128) * 4 + 15) / 16 * 16; }
@@ -103,11 +103,41 @@ __device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
   for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The weight-scale fold of one row and 128-column step (v2, see the top): the row's four E8M0 bytes e_c (one per
+// 32-column chunk) in w. f[c] = 2^(e_c - base) as an f16 pair (both halves), base = max(min e_c, max e_c - 15), so
+// every factor is <= 2^15; the returned row factor 2^(base - 127) x 2^14 (E2M1 -> f16 gives value x 2^-14) goes to
+// the per-step promotion. A chunk more than 15 binades below the row's largest gets 2^(e_c - base) < 1: its f16
+// products then round below 2^-24 of the largest chunk's scale (0 below 2^-25) -- never in the test checkpoints or,
+// as far as we know, real ones (a chunk's scale is its amax / 6: spans of 2^15 inside 128 columns of one row); the op
+// test CudaOps.Mxfp4ExpertsPrefillScaleSpread bounds it.
+__device__ __forceinline__ float wg_fold(uint32_t w, uint32_t (&f)[4]) {
+  const int e0 = w & 0xFF, e1 = (w >> 8) & 0xFF, e2 = (w >> 16) & 0xFF, e3 = w >> 24;
+  const int emax = max(max(e0, e1), max(e2, e3)), emin = min(min(e0, e1), min(e2, e3));
+  const int base = max(emin, emax - 15);
+  const int e[4] = {e0, e1, e2, e3};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int s = e[c] - base;  // <= 15
+    const uint32_t h = s >= -14 ? static_cast<uint32_t>(s + 15) << 10 : s >= -24 ? 1u << (s + 24) : 0u;  // f16 2^s
+    f[c] = h | (h << 16);
+  }
+  return e8m0_dev(static_cast<uint32_t>(base)) * 16384.0f;
+}
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));  // no .ftz: f16 subnormals kept
+  return r;
+}
+
 // grid (ceil(R / (GATE_UP ? 64 : 128)), f8_max_tiles), 256 threads, kWgStages * kWgStageBytes of dynamic shared memory.
-// kWgStages: as expert_f8's kF8Stages (4 measured; 8 with DSV4_MOE_PREFILL_STAGES=8, compiled, not yet run). The
-// main loop's overlap of the next stage's barrier with the step's wgmmas was written after the measured runs:
-// compiled, not yet run. Its cost: a step waits for stage ks + 1 (not ks), so a stage's copies have S - 2 steps to
-// land instead of S - 1 (2 instead of 3 at 4 stages) -- measure it at both depths.
+// kWgStages: 4, or 8 with DSV4_MOE_PREFILL_STAGES=8.
+//
+// v2 (session 15; v1 measured in session 14: slower than expert_f8, see the top): the weight scales are folded into
+// the A operands (wg_fold: the f16 E2M1 values times 2^(e_c - base), exact while a row's four chunk scales span <= 15
+// binades), so a 128-column step is ONE chain of 8 wgmmas into one accumulator set, promoted once (acc += D x row
+// factor x slot scale: 32 FMAs, not v1's 4 accumulator sets and 160 FMAs); the accumulator sets and A registers are
+// double-buffered, so step ks's wgmmas run while the thread promotes step ks - 1 (wait_group 1), passes the stage
+// barrier, issues the next loads and builds step ks + 1's A registers.
 template <bool GATE_UP, int kWgStages>
 __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();
@@ -140,8 +170,9 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
   const uint16_t* b_src = xc + static_cast<int64_t>(s0 + min(b_slot, ns - 1)) * K;
   const int kb = static_cast<int>(K / kF8K), nks = kb;
   const float* x_src = tid >= kF8Rows && tid < kF8Rows + kF8Slots ? xsc + (s0 + min(tid - kF8Rows, ns - 1)) * kb : nullptr;
+  auto stage = [&](int ks) { return smem + (ks % kWgStages) * kWgStageBytes; };
   auto issue = [&](int ks) {
-    uint8_t* st = smem + (ks % kWgStages) * kWgStageBytes;
+    uint8_t* st = stage(ks);
     if (ks < nks) {
       const uint8_t* w = a_src + static_cast<int64_t>(ks) * (kF8K / 2);
 #pragma unroll
@@ -162,8 +193,12 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
   };
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lch = lane >> 4;
   const int mrow = 16 * warp;  // this warp's first tile row
-  // The A registers of a step's 4 chunks (E2M1 -> f16 of the lane's FP4 words of rows g and g + 8).
-  auto build_a = [&](const uint8_t* st, uint32_t (&av)[4][2][4]) {
+  // A step's A registers (E2M1 -> f16 of the lane's FP4 words of rows g and g + 8, times the fold factors) and the two
+  // rows' promotion factors.
+  auto build_a = [&](const uint8_t* st, uint32_t (&av)[4][2][4], float (&rf)[2]) {
+    uint32_t f0[4], f8[4];
+    rf[0] = wg_fold(*reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g)), f0);
+    rf[1] = wg_fold(*reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g + 8)), f8);
 #pragma unroll
     for (int cp = 0; cp < 2; ++cp) {  // chunk pairs: one ldmatrix.x4 gives rows g, g + 8 of chunks 2 cp and 2 cp + 1
       uint32_t w[4];
@@ -173,11 +208,26 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
       for (int h2 = 0; h2 < 2; ++h2) {
         const int c = 2 * cp + h2;
         const uint32_t wg = w[2 * h2], wg8 = w[2 * h2 + 1];
-        av[c][0][0] = e2m1_pair_f16<0>(wg), av[c][0][1] = e2m1_pair_f16<0>(wg8);
-        av[c][0][2] = e2m1_pair_f16<1>(wg), av[c][0][3] = e2m1_pair_f16<1>(wg8);
-        av[c][1][0] = e2m1_pair_f16<2>(wg), av[c][1][1] = e2m1_pair_f16<2>(wg8);
-        av[c][1][2] = e2m1_pair_f16<3>(wg), av[c][1][3] = e2m1_pair_f16<3>(wg8);
+        av[c][0][0] = hmul2_bits(e2m1_pair_f16<0>(wg), f0[c]), av[c][0][1] = hmul2_bits(e2m1_pair_f16<0>(wg8), f8[c]);
+        av[c][0][2] = hmul2_bits(e2m1_pair_f16<1>(wg), f0[c]), av[c][0][3] = hmul2_bits(e2m1_pair_f16<1>(wg8), f8[c]);
+        av[c][1][0] = hmul2_bits(e2m1_pair_f16<2>(wg), f0[c]), av[c][1][1] = hmul2_bits(e2m1_pair_f16<2>(wg8), f8[c]);
+        av[c][1][2] = hmul2_bits(e2m1_pair_f16<3>(wg), f0[c]), av[c][1][3] = hmul2_bits(e2m1_pair_f16<3>(wg8), f8[c]);
       }
+    }
+  };
+  float acc[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+  // acc += D x (row factor x slot scale) of a finished step, the slot scales from its stage.
+  auto promote = [&](const float (&d)[32], const float (&rf)[2], const uint8_t* st) {
+    const float* xs = reinterpret_cast<const float*>(st + kF8ABytes + kF8Rows * 4 + kWgBBytes);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x0 = xs[8 * i + 2 * t], x1 = xs[8 * i + 2 * t + 1];
+      acc[4 * i + 0] = fmaf(d[4 * i + 0], rf[0] * x0, acc[4 * i + 0]);  // row g, slots 8i + 2t, + 1
+      acc[4 * i + 1] = fmaf(d[4 * i + 1], rf[0] * x1, acc[4 * i + 1]);
+      acc[4 * i + 2] = fmaf(d[4 * i + 2], rf[1] * x0, acc[4 * i + 2]);  // row g + 8
+      acc[4 * i + 3] = fmaf(d[4 * i + 3], rf[1] * x1, acc[4 * i + 3]);
     }
   };
 #pragma unroll
@@ -185,56 +235,44 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
   cp_async_wait<kWgStages - 2>();
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> the wgmma (async proxy) reads
   __syncthreads();  // stage 0 has landed for every thread
-  uint32_t av[4][2][4];  // [chunk][k16 step][A register]
-  build_a(smem, av);
-  float acc[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-  // Per step: the 4 chunks' wgmmas in flight at once (one commit, one wait; the first GPU run waited per chunk: 4
-  // round trips per step, slower), and while they run the next stage's barrier and the loads of stage ks + S - 1 (into
-  // the slot step ks - 1 used: its wgmmas were waited for, its scales read, before this step's barrier). The A
-  // registers and accumulator sets of the wgmmas in flight stay untouched until the wait; the next step's A registers
-  // are built after it.
-  for (int ks = 0; ks < nks; ++ks) {
-    const uint8_t* st = smem + (ks % kWgStages) * kWgStageBytes;
-    const uint8_t* bst = st + kF8ABytes + kF8Rows * 4;
-    float d[4][32];
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers are written
+  uint32_t av[2][4][2][4];  // [buffer][chunk][k16 step][A register]
+  float rf[2][2], d[2][32];  // [buffer]: the step's row factors, its accumulator set
+  build_a(stage(0), av[0], rf[0]);
+  // Step ks = group start + J on buffer J % 2 (template constants: register arrays need static indices).
+  auto step = [&](auto J, int ks) {
+    constexpr int j = decltype(J)::value, b = j & 1, o = 1 - b;
+    const uint8_t* bst = stage(ks) + kF8ABytes + kF8Rows * 4;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers and accumulators were written
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      wgmma_f16_64<false>(d[c], av[c][0], wg_desc(bst + (4 * c) * 1024, 1024, 128));
-      wgmma_f16_64<true>(d[c], av[c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
+      if (c == 0) wgmma_f16_64<false>(d[b], av[b][0][0], wg_desc(bst, 1024, 128));
+      else wgmma_f16_64<true>(d[b], av[b][c][0], wg_desc(bst + (4 * c) * 1024, 1024, 128));
+      wgmma_f16_64<true>(d[b], av[b][c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    if constexpr (j > 0) {  // step ks - 1's wgmmas (the other buffer) are done: promote them while this step's run
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      wg_fence_acc(d[o]);
+      promote(d[o], rf[o], stage(ks - 1));
+    }
     cp_async_wait<kWgStages - 3>();  // stage ks + 1 (prologue S - 1 groups + one per step so far)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read
+    __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read (wgmmas, scales)
     issue(ks + kWgStages - 1);
+    build_a(stage(ks + 1), av[o], rf[o]);  // past the last step: a stale stage, never used
+  };
+  // Groups of kWgGroup steps, every step unconditional and the group's last step waited for at its end: ptxas
+  // serialises every wgmma (C7514) when one is in flight across a loop back edge or a branch (measured with a probe).
+  // So the last step of a group is promoted without overlap; launch_tc2 takes this kernel only where kWgGroup
+  // divides K / 128 (Flash and Pro: 16..56 steps).
+  for (int ks = 0; ks < nks; ks += kWgGroup) {
+    step(std::integral_constant<int, 0>{}, ks);
+    step(std::integral_constant<int, 1>{}, ks + 1);
+    step(std::integral_constant<int, 2>{}, ks + 2);
+    step(std::integral_constant<int, 3>{}, ks + 3);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-    for (int c = 0; c < 4; ++c) wg_fence_acc(d[c]);
-    const uint32_t ws0 = *reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g));
-    const uint32_t ws8 = *reinterpret_cast<const uint32_t*>(st + kF8ABytes + 4 * (mrow + g + 8));
-    const float* xs = reinterpret_cast<const float*>(bst + kWgBBytes);
-    float sg[4], sg8[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) sg[c] = e8m0_dev((ws0 >> (8 * c)) & 0xFFu), sg8[c] = e8m0_dev((ws8 >> (8 * c)) & 0xFFu);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float x0 = xs[8 * i + 2 * t] * 16384.0f, x1 = xs[8 * i + 2 * t + 1] * 16384.0f;  // x 2^14: E2M1 -> f16
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int n = 4 * i + q;
-        const float* s4 = q < 2 ? sg : sg8;  // rows g (q 0, 1) and g + 8 (q 2, 3)
-        // The chunks in K order, as expert_f8 sums them.
-        float p = d[0][n] * s4[0];
-        p = fmaf(d[1][n], s4[1], p);
-        p = fmaf(d[2][n], s4[2], p);
-        p = fmaf(d[3][n], s4[3], p);
-        acc[n] = fmaf(p, (q & 1) ? x1 : x0, acc[n]);
-      }
-    }
-    if (ks + 1 < nks) build_a(smem + ((ks + 1) % kWgStages) * kWgStageBytes, av);
+    wg_fence_acc(d[1]);
+    promote(d[1], rf[1], stage(ks + 3));
   }
   cp_async_wait<0>();
   // Epilogue: acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q of the tile.

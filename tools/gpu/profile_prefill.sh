@@ -5,7 +5,8 @@
 # cudaProfilerStart/Stop). ~10 s on a warm H200. (Timing every prefill kernel under ncu instead is far too slow:
 # a 4-layer 8K prefill had not finished its first 2,048-token chunk after 220 s.) Per-op prefill times without a
 # profiler: the bench's "prefill time by op" table (events; "moe/..." rows split the MoE op).
-# Usage: tools/gpu/profile_prefill.sh [DSV4_BIN]; output in $OUT (default build-gpu/prefill_profile): detail.txt.
+# Usage: [DETAIL=REGEX] [SOURCE=1] tools/gpu/profile_prefill.sh [DSV4_BIN]; output in $OUT (default build-gpu/prefill_profile):
+# detail.txt, with SOURCE=1 source_top.txt.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${1:-$ROOT/build-cuda/dsv4}
@@ -22,3 +23,12 @@ NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 echo "ncu rc=$?"
 "$NCU" --import "$OUT/detail.ncu-rep" --print-summary none > "$OUT/detail.txt" 2>&1
 grep -E "^  [a-z_ ]*void|Duration|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Registers Per|Memory Throughput|DRAM Throughput" "$OUT/detail.txt"
+# SOURCE=1: also the per-line stall samples (source view, CUDA + SASS) of the first launch matching DETAIL.
+if [ -n "${SOURCE:-}" ]; then
+  "$NCU" --profile-from-start off --clock-control none -k "regex:$DETAIL" --launch-count 1 --section SourceCounters \
+    --section WarpStateStats -o "$OUT/source" -f \
+    "$BIN" bench --synthetic flash --layers 1 --context "$PROMPT" --prompt "$PROMPT" --steps 20 --profile-prefill > "$OUT/bench_source.log" 2>&1
+  "$NCU" --import "$OUT/source.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/source.csv" 2>&1
+  python3 "$ROOT/tools/gpu/ncu_source_top.py" "$OUT/source.csv" 60 > "$OUT/source_top.txt" 2>&1
+  head -70 "$OUT/source_top.txt"
+fi

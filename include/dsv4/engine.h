@@ -19,8 +19,14 @@ struct EngineOptions {
   std::string numerics = "reference";   // reference | official
   int tp = 1;                           // cuda: tensor-parallel GPUs 0..tp-1 (1, 2, 4, 8)
   int64_t max_context = 4096;           // per-session state is sized from this up front
-  int prefill_chunk = 256;              // tokens per prefill forward
+  int prefill_chunk = 0;                // tokens per prefill forward; 0: default_prefill_chunk(backend, max_context)
 };
+
+// The prefill chunk an engine takes when EngineOptions::prefill_chunk is 0: on CUDA 8,192 tokens (at most max_context
+// rounded up to 64), because the prefill kernels run the better the more tokens each expert gets (measured, one H200,
+// 20 Flash layers, 8K prompt: 7,504 tok/s at 8,192-token chunks vs 6,557 at 2,048); on the CPU 256. A session's
+// activation buffers are sized for its chunk (Flash on CUDA: a few GB at 8,192).
+int default_prefill_chunk(const std::string& backend, int64_t max_context);
 
 struct ModelInfo {
   int64_t vocab_size = 0;

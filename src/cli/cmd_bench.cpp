@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/parse_args.h"
 #include "core/error.h"
+#include "dsv4/engine.h"
 
 #if defined(DSV4_HAVE_CUDA)
 #include <nlohmann/json.hpp>
@@ -177,7 +178,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   CLI::App app{"Benchmark the whole forward on synthetic full-size weights (real shapes and formats) on the GPU(s)",
                "dsv4 bench"};
   std::string which, format = "instruct", json_path;
-  int layers = 0, batch = 1, tp = 1, chunk = 2048, steps = 30, profile_steps = 0, trace_steps = 0;
+  int layers = 0, batch = 1, tp = 1, chunk = 0, steps = 30, profile_steps = 0, trace_steps = 0;
   bool profile_prefill = false;
   int64_t context = 8192, prompt = -1;
   app.add_option("--synthetic", which, "flash|pro: random weights with the release's shapes and formats")
@@ -189,7 +190,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   app.add_option("--prompt", prompt, "prefill a prompt of this many tokens, timed (default: the context)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--tp", tp, "tensor-parallel GPUs (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
-  app.add_option("--chunk", chunk, "prefill chunk (tokens per forward)")->check(CLI::Range(1, 65536));
+  app.add_option("--chunk", chunk, "prefill chunk (tokens per forward; default: what `dsv4 run` takes at this --context, "
+                 "dsv4::default_prefill_chunk)")->check(CLI::Range(1, 65536));
   app.add_option("--steps", steps, "timed decode steps (graph replays; median reported)")->check(CLI::Range(20, 100000));
   app.add_option("--format", format, "instruct (FP8 + MXFP4 experts) | base (FP8 everywhere) | nvfp4")
       ->check(CLI::IsMember({"instruct", "base", "nvfp4"}));
@@ -208,6 +210,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                  "the side streams (shared expert, compressor / indexer) are turned off for the whole run so that the stream is linear)")
       ->check(CLI::Range(0, 1000));
   if (int rc = dsv4::cli::parse_args(app, args); rc >= 0) return rc;
+  if (chunk == 0) chunk = dsv4::default_prefill_chunk("cuda", context);
   if (trace_steps > 0) {
     ::setenv("DSV4_MOE_FORK", "0", 1);  // read at the first moe(): one stream, so stamps follow launch order
     ::setenv("DSV4_ATTN_FORK", "0", 1);  // likewise the compressor / indexer branch (read at the first attn_qkv())

@@ -31,7 +31,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   app.add_option("--max-context", max_context, "tokens of state per slot (sized up front)")->check(CLI::PositiveNumber);
   app.add_option("--max-batch", so.max_batch, "concurrent requests (slots, one session each)")->check(CLI::Range(1, 1024));
   app.add_option("--max-queue", so.max_queue, "requests waiting for a slot before 429")->check(CLI::Range(0, 100000));
-  app.add_option("--prefill-chunk", so.prefill_chunk, "prompt tokens per scheduling step")->check(CLI::PositiveNumber);
+  app.add_option("--prefill-chunk", so.prefill_chunk, "prompt tokens per scheduling step (one forward pass; each slot's "
+                 "activation buffers are sized for it)")->check(CLI::PositiveNumber);
   app.add_option("--api-key", ho.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   app.add_option("--served-model-name", ho.served_model_name, "model id reported by /v1/models and accepted in requests");
   // Test hook (docs/SERVER.md): lets a request script its completion text; hidden from --help on purpose.
@@ -57,6 +58,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   eo.numerics = numerics;
   eo.tp = tp;
   eo.max_context = max_context;
+  eo.prefill_chunk = so.prefill_chunk;  // a scheduling step's prompt tokens run as one forward
   auto engine = dsv4::Engine::load(eo);
   auto tok = dsv4::text::Tokenizer::from_file(model + "/tokenizer.json");
   if (tok.vocab_size() > engine->info().vocab_size)

@@ -24,6 +24,7 @@ struct GenerationFlags {
   std::string model, mode = "thinking", effort, backend = "cpu", numerics = "reference";
   int tp = 1;
   int max_tokens = 256;
+  int prefill_chunk = 0;  // 0: dsv4::default_prefill_chunk
   int64_t max_context = 4096;
   SamplingParams s;
   std::vector<std::string> stop;
@@ -48,6 +49,9 @@ struct GenerationFlags {
     app.add_option("--numerics", numerics, "reference|official")->check(CLI::IsMember({"reference", "official"}));
     app.add_option("--tp", tp, "tensor-parallel GPUs for --backend cuda (1, 2, 4, 8)")->check(CLI::IsMember({1, 2, 4, 8}));
     app.add_option("--max-context", max_context, "tokens of state per session (sized up front)")->check(CLI::PositiveNumber);
+    app.add_option("--prefill-chunk", prefill_chunk,
+                   "prompt tokens per forward pass (default: 8192 on CUDA, at most --max-context; 256 on the CPU)")
+        ->check(CLI::PositiveNumber);
   }
 
   // Sampling defaults from the model's generation_config.json (temperature / top_p / top_k) for every flag the user
@@ -72,6 +76,7 @@ struct GenerationFlags {
     o.numerics = numerics;
     o.tp = tp;
     o.max_context = max_context;
+    o.prefill_chunk = prefill_chunk;
     ProgressBar bar("loading");
     bar.message(("loading " + model + " ...").c_str());  // weights are mmapped, then prepared by the backend
     Loaded l{Engine::load(o), text::Tokenizer::from_file(model + "/tokenizer.json")};

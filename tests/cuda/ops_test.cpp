@@ -402,13 +402,13 @@ TEST(CudaOps, RouterTopkTies) {
 // BF16 output rounding, x_bf16_exact), with x and the down input given a different power-of-two magnitude per
 // 128-column block and slot, so that a wrong activation-scale index shows as O(1). Both compute the same exact
 // products (QA8 x MXFP4); they differ in summation order and the FP8 MMA's internal accumulation of 32 products.
-// wg: the same against the wgmma kernel (moe_wg.cuh, set_moe_wg) instead of expert_f8.
-void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k, bool wg = false) {
+// wg 1 / 2: the same against the wgmma kernel (moe_wg.cuh, set_moe_wg(wg): its two variants) instead of expert_f8.
+void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k, int wg = 0) {
   struct F8Back {
-    ~F8Back() { cu::set_moe_f8(true), cu::set_moe_wg(false); }
+    ~F8Back() { cu::set_moe_f8(true), cu::set_moe_wg(0); }
   } f8_back;
   auto launches = [wg] { return wg ? cu::moe_wg_launches() : cu::moe_f8_launches(); };
-  auto set_new = [wg](bool on) { wg ? cu::set_moe_wg(on) : cu::set_moe_f8(on); };
+  auto set_new = [wg](bool on) { wg ? cu::set_moe_wg(on ? wg : 0) : cu::set_moe_f8(on); };
   auto blocky = [](vector<float> v, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) v[r * cols + c] *= std::ldexp(1.0f, static_cast<int>((c / 128 * 5 + r) % 7) - 3);
@@ -443,7 +443,7 @@ void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int 
   const auto a0 = act0.get(), a1 = act1.get(), yy0 = y0.get(), yy1 = y1.get();
   const Stats sa = cmp(a1, a0), sy = cmp(yy1, yy0);
   std::printf("[op] experts %s vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
-              wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
+              wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
   EXPECT_LE(sa.rel, 1e-5);  // the decode MMA walk vs its FMA walk: ~1.6e-7
   EXPECT_LE(sy.rel, 1e-5);
   for (float v : a1) ASSERT_TRUE(std::isfinite(v));
@@ -685,7 +685,8 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
         cu::set_moe_prefill_stages(stages);
         std::printf("[op] prefill expert kernels with %d pipeline stages:\n", stages);
         run_experts_f8_vs_tc2(t, x, n, d, I, k);
-        run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
+        run_experts_f8_vs_tc2(t, x, n, d, I, k, 1);
+        run_experts_f8_vs_tc2(t, x, n, d, I, k, 2);  // (always 4 stages)
       }
       cu::set_moe_prefill_stages(stages0);
     }
@@ -708,21 +709,23 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       EXPECT_EQ(cu::moe_f8_launches(), f0) << "expert_f8 off";
       expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
                                                " grouped (expert_tc2)").c_str());
-      // ... and on the wgmma kernel (moe_wg.cuh).
+      // ... and on the wgmma kernel (moe_wg.cuh), both variants.
       cu::set_moe_f8(true);
-      cu::set_moe_wg(true);
-      const int64_t w0 = cu::moe_wg_launches();
-      b = a;
-      b.act = act8.p;
-      cu::expert_gate_up(b, nullptr);
-      cu::qa8_rows(act8.p, n * k, I, actq8.p, nullptr);
-      b.act_q = actq8.p, b.y = y8.p;
-      cu::expert_down(b, nullptr);
-      cu::set_moe_wg(false);
-      cu::moe_reduce(y8.p, nullptr, n, k, d, official, out8.p, nullptr);
-      EXPECT_EQ(cu::moe_wg_launches() - w0, d % 128 == 0 ? 2 : 1) << "expert_wg ran (gate/up only where d % 128 == 0)";
-      expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
-                                               " grouped (expert_wg)").c_str());
+      for (int mode : {1, 2}) {
+        cu::set_moe_wg(mode);
+        const int64_t w0 = cu::moe_wg_launches();
+        b = a;
+        b.act = act8.p;
+        cu::expert_gate_up(b, nullptr);
+        cu::qa8_rows(act8.p, n * k, I, actq8.p, nullptr);
+        b.act_q = actq8.p, b.y = y8.p;
+        cu::expert_down(b, nullptr);
+        cu::set_moe_wg(0);
+        cu::moe_reduce(y8.p, nullptr, n, k, d, official, out8.p, nullptr);
+        EXPECT_EQ(cu::moe_wg_launches() - w0, d % 128 == 0 ? 2 : 1) << "expert_wg ran (gate/up only where d % 128 == 0)";
+        expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
+                                                 " grouped (expert_wg " + std::to_string(mode) + ")").c_str());
+      }
     }
   }
   for (int e = 0; e < E; ++e) cu::free_linear(d1[e]), cu::free_linear(d2[e]), cu::free_linear(d3[e]);
@@ -947,7 +950,8 @@ TEST(CudaOps, Mxfp4ExpertsPrefillScaleSpread) {
   t.n = n, t.k = k, t.sel = dsel.p, t.wts = dwts.p, t.limit = 10.0f, t.official = false, t.x_bf16_exact = true;
   t.perm = dperm.p, t.offsets = doff.p, t.E = E, t.xg = reinterpret_cast<uint16_t*>(dxg.p), t.xg_bytes = xg_bytes;
   run_experts_f8_vs_tc2(t, x, n, d, I, k);
-  run_experts_f8_vs_tc2(t, x, n, d, I, k, true);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 1);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 2);
   for (auto& l : devs) cu::free_linear(l);
 }
 

@@ -82,6 +82,41 @@ TEST(Session, PrefixReuseIsBitExact) {
   }
 }
 
+// A prefill runs in chunks of the engine's prefill chunk: snapshots every max(64, chunk rounded down to 64) tokens,
+// so a 128-token chunk is not cut at 64 (the CUDA prefill kernels want every token they can get per forward), plus
+// the tail snapshot 16 tokens before the end; prefix reuse then restores the nearest of those.
+TEST(Session, PrefillChunksAreTheEngineChunk) {
+  const auto fx = fixture_ids("flash_fp8");
+  std::vector<int32_t> ids(150);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = fx[i % fx.size()];
+  auto e = load("flash_fp8", 128);
+  auto s = e->new_session();
+  std::vector<int64_t> done;
+  s->set_progress([&](int64_t d, int64_t) { done.push_back(d); });
+  s->sync(ids);
+  EXPECT_EQ(done, (std::vector<int64_t>{128, 134, 150}));  // 128-token chunk, the tail snapshot at 134, the rest
+  // A divergence at 100 restores the empty state (no snapshot at 64 any more); one at 140 the one at 128.
+  std::vector<int32_t> b = prefix(ids, 100);
+  b.push_back((ids[100] + 1) % 200 + 2);
+  s->sync(b);
+  EXPECT_EQ(s->last_computed(), 101);
+  s->sync(ids);
+  b = prefix(ids, 140);
+  b.push_back((ids[140] + 1) % 200 + 2);
+  s->sync(b);
+  EXPECT_EQ(s->last_computed(), 141 - 134) << "the tail snapshot at 134";
+  auto fresh = e->new_session();
+  fresh->sync(b);
+  EXPECT_EQ(std::memcmp(s->logits().data(), fresh->logits().data(), fresh->logits().size() * 4), 0);
+}
+
+TEST(EngineOptions, DefaultPrefillChunk) {
+  EXPECT_EQ(default_prefill_chunk("cpu", 4096), 256);
+  EXPECT_EQ(default_prefill_chunk("cuda", 4096), 4096);
+  EXPECT_EQ(default_prefill_chunk("cuda", 1 << 20), 8192);
+  EXPECT_EQ(default_prefill_chunk("cuda", 100), 128);
+}
+
 TEST(Session, ContextLimitIsAClearError) {
   auto e = load("flash_bf16", 16);
   auto s = e->new_session();

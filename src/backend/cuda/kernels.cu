@@ -2818,9 +2818,11 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // The wgmma prefill kernel (moe_wg.cuh) before expert_f8 where it applies and the scratch has room (xg_bytes):
 // DSV4_MOE_WG=1 / set_moe_wg(true); opt-in: v1 measured slower than expert_f8 (docs/BENCHMARKS.md, session 14), v2
 // (scales folded, promotion overlapped; moe_wg.cuh) not yet measured.
-std::atomic<bool> g_moe_wg_on{[] {
+// DSV4_MOE_WG=2: its two-blocks-per-SM variant (kTwo; 4 stages whatever DSV4_MOE_PREFILL_STAGES says: two blocks
+// of 8 do not fit).
+std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
-  return e && std::string(e) == "1";
+  return e && std::string(e) == "1" ? 1 : e && std::string(e) == "2" ? 2 : 0;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of both: 4 (measured), or 8 (DSV4_MOE_PREFILL_STAGES=8 / set_moe_prefill_stages(8); compiled,
@@ -2855,9 +2857,12 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   };
   const bool k128 = K % kF8K == 0 && a.E <= kF8MaxExperts;
   const bool s8 = g_moe_prefill_stages.load(std::memory_order_relaxed) == 8;
-  if (g_moe_wg_on.load(std::memory_order_relaxed) && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
-    if (s8) grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP, 8>, size_t{8} * kWgStageBytes);
-    else grouped(wg_tiles_offset(nk, K), moe_gather_f16_kernel, expert_wg<GATE_UP, 4>, size_t{4} * kWgStageBytes);
+  const int wg = g_moe_wg_mode.load(std::memory_order_relaxed);
+  if (wg && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
+    const int64_t off = wg_tiles_offset(nk, K);
+    if (wg == 2) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true>, size_t{4} * kWgStageBytes);
+    else if (s8) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 8, false>, size_t{8} * kWgStageBytes);
+    else grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, false>, size_t{4} * kWgStageBytes);
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -2880,7 +2885,11 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
 void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
-void set_moe_wg(bool on) { g_moe_wg_on.store(on, std::memory_order_relaxed); }
+void set_moe_wg(int mode) {
+  if (mode < 0 || mode > 2) fail("set_moe_wg: 0 (off), 1 or 2 (got ", mode, ")");
+  g_moe_wg_mode.store(mode, std::memory_order_relaxed);
+}
+int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
 int moe_prefill_stages() { return g_moe_prefill_stages.load(std::memory_order_relaxed); }
 void set_moe_prefill_stages(int stages) {
   if (stages != 4 && stages != 8) fail("set_moe_prefill_stages: 4 or 8 stages (got ", stages, ")");

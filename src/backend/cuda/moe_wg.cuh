@@ -1,5 +1,5 @@
 // Prefill routed MXFP4 experts on warpgroup MMAs (wgmma, f16 operands, fp32 accumulation): the grouped prefill kernel
-// of official numerics where K is whole 128-column blocks, DSV4_MOE_WG=1 / set_moe_wg(true) (opt-in), in place of
+// of official numerics where K is whole 128-column blocks, DSV4_MOE_WG=1 or 2 / set_moe_wg(1 or 2) (opt-in), in place of
 // expert_f8 (moe_f8.cuh).
 //
 // v1 (session 14, docs/BENCHMARKS.md; one H200, 20 Flash layers, one 2,048-token chunk): correct (vs expert_tc2
@@ -138,8 +138,11 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
 // factor x slot scale: 32 FMAs, not v1's 4 accumulator sets and 160 FMAs); the accumulator sets and A registers are
 // double-buffered, so step ks's wgmmas run while the thread promotes step ks - 1 (wait_group 1), passes the stage
 // barrier, issues the next loads and builds step ks + 1's A registers.
-template <bool GATE_UP, int kWgStages>
-__global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
+//
+// kTwo (DSV4_MOE_WG=2, A/B): two blocks per SM (<= 128 registers: 16 warps to hide latency instead of 8) with one
+// accumulator set and one A register set, each step's wgmmas waited for (wait_group 0) before its promotion.
+template <bool GATE_UP, int kWgStages, bool kTwo>
+__global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d, nk = static_cast<int64_t>(a.n) * a.k;
@@ -235,44 +238,69 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_wg(ExpertArgs a, const u
   cp_async_wait<kWgStages - 2>();
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> the wgmma (async proxy) reads
   __syncthreads();  // stage 0 has landed for every thread
-  uint32_t av[2][4][2][4];  // [buffer][chunk][k16 step][A register]
-  float rf[2][2], d[2][32];  // [buffer]: the step's row factors, its accumulator set
-  build_a(stage(0), av[0], rf[0]);
-  // Step ks = group start + J on buffer J % 2 (template constants: register arrays need static indices).
-  auto step = [&](auto J, int ks) {
-    constexpr int j = decltype(J)::value, b = j & 1, o = 1 - b;
-    const uint8_t* bst = stage(ks) + kF8ABytes + kF8Rows * 4;
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers and accumulators were written
+  if constexpr (kTwo) {
+    uint32_t av[4][2][4];  // [chunk][k16 step][A register]
+    float rf[2], d[32];
+    build_a(stage(0), av, rf);
+    for (int ks = 0; ks < nks; ++ks) {
+      const uint8_t* bst = stage(ks) + kF8ABytes + kF8Rows * 4;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      if (c == 0) wgmma_f16_64<false>(d[b], av[b][0][0], wg_desc(bst, 1024, 128));
-      else wgmma_f16_64<true>(d[b], av[b][c][0], wg_desc(bst + (4 * c) * 1024, 1024, 128));
-      wgmma_f16_64<true>(d[b], av[b][c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
+      for (int c = 0; c < 4; ++c) {
+        if (c == 0) wgmma_f16_64<false>(d, av[0][0], wg_desc(bst, 1024, 128));
+        else wgmma_f16_64<true>(d, av[c][0], wg_desc(bst + (4 * c) * 1024, 1024, 128));
+        wgmma_f16_64<true>(d, av[c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      wg_fence_acc(d);
+      promote(d, rf, stage(ks));
+      cp_async_wait<kWgStages - 3>();
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read
+      issue(ks + kWgStages - 1);
+      build_a(stage(ks + 1), av, rf);  // past the last step: a stale stage, never used
     }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    if constexpr (j > 0) {  // step ks - 1's wgmmas (the other buffer) are done: promote them while this step's run
-      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-      wg_fence_acc(d[o]);
-      promote(d[o], rf[o], stage(ks - 1));
+  } else {
+    uint32_t av[2][4][2][4];  // [buffer][chunk][k16 step][A register]
+    float rf[2][2], d[2][32];  // [buffer]: the step's row factors, its accumulator set
+    build_a(stage(0), av[0], rf[0]);
+    // Step ks = group start + J on buffer J % 2 (template constants: register arrays need static indices).
+    auto step = [&](auto J, int ks) {
+      constexpr int j = decltype(J)::value, b = j & 1, o = 1 - b;
+      const uint8_t* bst = stage(ks) + kF8ABytes + kF8Rows * 4;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers and accumulators were written
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (c == 0) wgmma_f16_64<false>(d[b], av[b][0][0], wg_desc(bst, 1024, 128));
+        else wgmma_f16_64<true>(d[b], av[b][c][0], wg_desc(bst + (4 * c) * 1024, 1024, 128));
+        wgmma_f16_64<true>(d[b], av[b][c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if constexpr (j > 0) {  // step ks - 1's wgmmas (the other buffer) are done: promote them while this step's run
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        wg_fence_acc(d[o]);
+        promote(d[o], rf[o], stage(ks - 1));
+      }
+      cp_async_wait<kWgStages - 3>();  // stage ks + 1 (prologue S - 1 groups + one per step so far)
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read (wgmmas, scales)
+      issue(ks + kWgStages - 1);
+      build_a(stage(ks + 1), av[o], rf[o]);  // past the last step: a stale stage, never used
+    };
+    // Groups of kWgGroup steps, every step unconditional and the group's last step waited for at its end: ptxas
+    // serialises every wgmma (C7514) when one is in flight across a loop back edge or a branch (measured with a probe).
+    // So the last step of a group is promoted without overlap; launch_tc2 takes this kernel only where kWgGroup
+    // divides K / 128 (Flash and Pro: 16..56 steps).
+    for (int ks = 0; ks < nks; ks += kWgGroup) {
+      step(std::integral_constant<int, 0>{}, ks);
+      step(std::integral_constant<int, 1>{}, ks + 1);
+      step(std::integral_constant<int, 2>{}, ks + 2);
+      step(std::integral_constant<int, 3>{}, ks + 3);
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      wg_fence_acc(d[1]);
+      promote(d[1], rf[1], stage(ks + 3));
     }
-    cp_async_wait<kWgStages - 3>();  // stage ks + 1 (prologue S - 1 groups + one per step so far)
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read (wgmmas, scales)
-    issue(ks + kWgStages - 1);
-    build_a(stage(ks + 1), av[o], rf[o]);  // past the last step: a stale stage, never used
-  };
-  // Groups of kWgGroup steps, every step unconditional and the group's last step waited for at its end: ptxas
-  // serialises every wgmma (C7514) when one is in flight across a loop back edge or a branch (measured with a probe).
-  // So the last step of a group is promoted without overlap; launch_tc2 takes this kernel only where kWgGroup
-  // divides K / 128 (Flash and Pro: 16..56 steps).
-  for (int ks = 0; ks < nks; ks += kWgGroup) {
-    step(std::integral_constant<int, 0>{}, ks);
-    step(std::integral_constant<int, 1>{}, ks + 1);
-    step(std::integral_constant<int, 2>{}, ks + 2);
-    step(std::integral_constant<int, 3>{}, ks + 3);
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    wg_fence_acc(d[1]);
-    promote(d[1], rf[1], stage(ks + 3));
   }
   cp_async_wait<0>();
   // Epilogue: acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q of the tile.

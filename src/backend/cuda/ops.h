@@ -387,9 +387,11 @@ bool moe_tc2_enabled();
 void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
 // ... and before it, the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): opt-in
-// (DSV4_MOE_WG=1 / set_moe_wg(true)), measured slower than expert_f8 so far. The same function up to summation order.
-void set_moe_wg(bool on);
-// Their cp.async pipeline: 4 stages (default, measured) or 8 (DSV4_MOE_PREFILL_STAGES=8; compiled, not yet run).
+// (DSV4_MOE_WG=1 / set_moe_wg(1); 2: its two-blocks-per-SM variant; 0: off), measured slower than expert_f8 so far.
+// The same function up to summation order.
+void set_moe_wg(int mode);
+int moe_wg_mode();
+// Their cp.async pipeline: 4 stages (default) or 8 (DSV4_MOE_PREFILL_STAGES=8; measured no faster, session 15).
 void set_moe_prefill_stages(int stages);
 int moe_prefill_stages();
 int64_t moe_wg_launches();

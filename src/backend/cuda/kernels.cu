@@ -2819,10 +2819,11 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // DSV4_MOE_WG=1 / set_moe_wg(true); opt-in: v1 measured slower than expert_f8 (docs/BENCHMARKS.md, session 14), v2
 // (scales folded, promotion overlapped; moe_wg.cuh) not yet measured.
 // DSV4_MOE_WG=2: its two-blocks-per-SM variant (kTwo; 4 stages whatever DSV4_MOE_PREFILL_STAGES says: two blocks
-// of 8 do not fit).
+// of 8 do not fit); 3: that with the stage barrier while the wgmmas run (kEarlyBar).
 std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
-  return e && std::string(e) == "1" ? 1 : e && std::string(e) == "2" ? 2 : 0;
+  const std::string v = e ? e : "";
+  return v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : 0;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of both: 4 (measured), or 8 (DSV4_MOE_PREFILL_STAGES=8 / set_moe_prefill_stages(8); compiled,
@@ -2861,6 +2862,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   if (wg && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
     const int64_t off = wg_tiles_offset(nk, K);
     if (wg == 2) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true>, size_t{4} * kWgStageBytes);
+    else if (wg == 3) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true, true>, size_t{4} * kWgStageBytes);
     else if (s8) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 8, false>, size_t{8} * kWgStageBytes);
     else grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, false>, size_t{4} * kWgStageBytes);
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
@@ -2886,7 +2888,7 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(int mode) {
-  if (mode < 0 || mode > 2) fail("set_moe_wg: 0 (off), 1 or 2 (got ", mode, ")");
+  if (mode < 0 || mode > 3) fail("set_moe_wg: 0 (off), 1, 2 or 3 (got ", mode, ")");
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }

@@ -25,12 +25,12 @@
 // Operands as staged:
 // - x: moe_gather_f16_kernel writes each grouped slot's QA8 codes as f16 [slots][K] with K permuted inside every
 //   32-column block so that the A registers below line up (stored position p = 16 h + 8 o + 2 t + j holds actual
-//   column 8 t + 2 h + o + 4 j: k16 step h of the block, A register 2 h + o, its half j), then the per-128 scales
+//   column 8 t + 4 h + o + 2 j: k16 step h of the block, A register 2 h + o, its half j), then the per-128 scales
 //   [slots][K / 128] fp32, then expert_f8's work list. In a stage: core matrices of 8 slots x 8 k (16 bytes per slot)
 //   at [k-block kb][slot-block nb] (kb stride 1024 B = LBO, nb stride 128 B = SBO; no swizzle).
 // - weights: expert_f8's stage layout (raw FP4 rows, 64 bytes per row and 128-column step, ldmatrix'ed) and each row's
 //   four E8M0 bytes of the step. Lane (g, t) gets FP4 word t (columns 8t..8t+7 of a 32-block) of rows g and g + 8;
-//   e2m1_pair_f16<J> makes register J from nibbles J and J + 4 (columns 8t + J, 8t + J + 4).
+//   e2m1_word_f16 makes register 2 h + o from nibbles 4 h + o and 4 h + o + 2 (columns 8t + 4h + o, + 2).
 // Block: 256 threads = 2 warpgroups = 8 warps of 16 rows; tile 128 weight rows x 64 slots. A warp's rows g and g + 8
 // are, for gate/up, w1 and w3 of the same intermediate row (SwiGLU in the thread), for down two rows of w2.
 // Included INSIDE kernels.cu's anonymous namespace after moe_f8.cuh (work list, stage layout constants).
@@ -47,7 +47,7 @@ __device__ __forceinline__ float* wg_xscales(uint8_t* xg, int64_t nk, int64_t K)
 
 // Stored position of actual column a (0..31) of a 32-column block (see above).
 __host__ __device__ constexpr int wg_kpos(int a) {
-  return 16 * ((a % 4) / 2) + 8 * (a % 2) + 2 * (a / 8) + (a % 8) / 4;
+  return 16 * ((a % 8) / 4) + 8 * (a % 2) + 2 * (a / 8) + (a % 8) / 2 % 2;
 }
 
 // f16 codes of the grouped slots' rows in expert_wg's order (see above) and their scales (gather_qa8_block:
@@ -66,11 +66,17 @@ __global__ void moe_gather_f16_kernel(const float* src, int64_t K, const int32_t
   if (lane == 0) wg_xscales(xg, nk, K)[p * (K / 128) + b] = s;
 }
 
-// E2M1 nibbles J (low half) and J + 4 (high half) of w as f16 values x 2^-14: magnitude bits to 9..11, sign to 15.
-template <int J>
-__device__ __forceinline__ uint32_t e2m1_pair_f16(uint32_t w) {
-  const uint32_t m = J <= 2 ? w << (9 - 4 * J) : w >> 3, sgn = w << (12 - 4 * J);
-  return (m & 0x0E000E00u) | (sgn & 0x80008000u);
+// The 8 E2M1 nibbles of w as f16 values x 2^-14 (an f16 whose low byte is 0 and whose high byte is the nibble's sign
+// bit, then its 3 magnitude bits, then a 0): r[2 h + o] = nibbles 4 h + o (low half) and 4 h + o + 2 (high half).
+// Nibbles 2 apart sit in neighbouring bytes, so the even and the odd nibbles each become 4 high bytes at once and a
+// byte permute per register spreads them (11 instructions per word; a per-register shift-and-mask took 16).
+__device__ __forceinline__ void e2m1_word_f16(uint32_t w, uint32_t (&r)[4]) {
+  const uint32_t xe = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0E0E0E0Eu);  // nibbles 0, 2, 4, 6
+  const uint32_t xo = (w & 0x80808080u) | ((w >> 3) & 0x0E0E0E0Eu);         // nibbles 1, 3, 5, 7
+  r[0] = __byte_perm(xe, 0u, 0x1404);  // [0, xe byte 0, 0, xe byte 1]: nibbles 0, 2
+  r[1] = __byte_perm(xo, 0u, 0x1404);  // 1, 3
+  r[2] = __byte_perm(xe, 0u, 0x3424);  // 4, 6
+  r[3] = __byte_perm(xo, 0u, 0x3424);  // 5, 7
 }
 // Shared-memory matrix descriptor (sm_90): start >> 4, LBO >> 4 (bits 16..29), SBO >> 4 (bits 32..45), no swizzle.
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
@@ -140,8 +146,9 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
 // barrier, issues the next loads and builds step ks + 1's A registers.
 //
 // kTwo (DSV4_MOE_WG=2, A/B): two blocks per SM (<= 128 registers: 16 warps to hide latency instead of 8) with one
-// accumulator set and one A register set, each step's wgmmas waited for (wait_group 0) before its promotion.
-template <bool GATE_UP, int kWgStages, bool kTwo>
+// accumulator set and one A register set, each step's wgmmas waited for (wait_group 0) before its promotion;
+// kEarlyBar (DSV4_MOE_WG=3): its stage barrier and next loads while the wgmmas run.
+template <bool GATE_UP, int kWgStages, bool kTwo, bool kEarlyBar = false>
 __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -211,10 +218,12 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
       for (int h2 = 0; h2 < 2; ++h2) {
         const int c = 2 * cp + h2;
         const uint32_t wg = w[2 * h2], wg8 = w[2 * h2 + 1];
-        av[c][0][0] = hmul2_bits(e2m1_pair_f16<0>(wg), f0[c]), av[c][0][1] = hmul2_bits(e2m1_pair_f16<0>(wg8), f8[c]);
-        av[c][0][2] = hmul2_bits(e2m1_pair_f16<1>(wg), f0[c]), av[c][0][3] = hmul2_bits(e2m1_pair_f16<1>(wg8), f8[c]);
-        av[c][1][0] = hmul2_bits(e2m1_pair_f16<2>(wg), f0[c]), av[c][1][1] = hmul2_bits(e2m1_pair_f16<2>(wg8), f8[c]);
-        av[c][1][2] = hmul2_bits(e2m1_pair_f16<3>(wg), f0[c]), av[c][1][3] = hmul2_bits(e2m1_pair_f16<3>(wg8), f8[c]);
+        uint32_t r[4], r8[4];
+        e2m1_word_f16(wg, r);
+        e2m1_word_f16(wg8, r8);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)  // register j = 2 h + o of k16 step h: A registers 2 o (row g), 2 o + 1 (row g + 8)
+          av[c][j / 2][2 * (j % 2)] = hmul2_bits(r[j], f0[c]), av[c][j / 2][2 * (j % 2) + 1] = hmul2_bits(r8[j], f8[c]);
       }
     }
   };
@@ -252,13 +261,23 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
         wgmma_f16_64<true>(d, av[c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if constexpr (kEarlyBar) {
+        // While the wgmmas run: the barrier and the next loads (stage ks - 1's wgmmas were waited for and its scales
+        // read in the previous step, by every thread once past the barrier). ptxas: a few spilled registers.
+        cp_async_wait<kWgStages - 3>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read
+        issue(ks + kWgStages - 1);
+      }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       wg_fence_acc(d);
       promote(d, rf, stage(ks));
-      cp_async_wait<kWgStages - 3>();
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read
-      issue(ks + kWgStages - 1);
+      if constexpr (!kEarlyBar) {
+        cp_async_wait<kWgStages - 3>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();  // stage ks + 1 has landed for every thread; stage ks - 1 is no longer read
+        issue(ks + kWgStages - 1);
+      }
       build_a(stage(ks + 1), av, rf);  // past the last step: a stale stage, never used
     }
   } else {

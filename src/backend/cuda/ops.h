@@ -387,7 +387,7 @@ bool moe_tc2_enabled();
 void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
 // ... and before it, the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): opt-in
-// (DSV4_MOE_WG=1 / set_moe_wg(1); 2: its two-blocks-per-SM variant; 0: off), measured slower than expert_f8 so far.
+// (DSV4_MOE_WG=1 / set_moe_wg(1); 2: its two-blocks-per-SM variant; 3: that with an early stage barrier; 0: off).
 // The same function up to summation order.
 void set_moe_wg(int mode);
 int moe_wg_mode();

@@ -405,10 +405,10 @@ TEST(CudaOps, RouterTopkTies) {
 // wg 1 / 2: the same against the wgmma kernel (moe_wg.cuh, set_moe_wg(wg): its two variants) instead of expert_f8.
 void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k, int wg = 0) {
   struct F8Back {
-    ~F8Back() { cu::set_moe_f8(true), cu::set_moe_wg(0); }
+    ~F8Back() { cu::set_moe_f8(true), cu::set_moe_wg(cu::kMoeWgAuto); }
   } f8_back;
   auto launches = [wg] { return wg ? cu::moe_wg_launches() : cu::moe_f8_launches(); };
-  auto set_new = [wg](bool on) { wg ? cu::set_moe_wg(on ? wg : 0) : cu::set_moe_f8(on); };
+  auto set_new = [wg](bool on) { cu::set_moe_f8(on), cu::set_moe_wg(wg); };  // wg 0: expert_f8 itself
   auto blocky = [](vector<float> v, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) v[r * cols + c] *= std::ldexp(1.0f, static_cast<int>((c / 128 * 5 + r) % 7) - 3);
@@ -661,7 +661,8 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
       std::printf("[op] experts tensor cores vs fp32 n=%d (unrounded): gate/up rel L2 %.3g, down rel L2 %.3g\n", n, sa.rel, sy.rel);
       EXPECT_LE(sa.rel, 1e-5);  // measured 1.5e-7 (gate/up) and 1.2e-6 (down)
       EXPECT_LE(sy.rel, 1e-5);
-      // (t ran expert_f8 where K % 128 == 0: the default.) expert_tc2 (xg set, DSV4_MOE_F8=0) against the v1
+      // (t ran the default: expert_wg / expert_f8 by moe_wg_effective where K % 128 == 0.) expert_tc2 (xg set,
+      // DSV4_MOE_F8=0) against the v1
       // tensor-core kernels on the same operands.
       ASSERT_TRUE(cu::expert_tc2_eligible(t, true) && cu::expert_tc2_eligible(t, false));
       cu::ExpertArgs v = t, w = t;
@@ -721,7 +722,7 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
         cu::qa8_rows(act8.p, n * k, I, actq8.p, nullptr);
         b.act_q = actq8.p, b.y = y8.p;
         cu::expert_down(b, nullptr);
-        cu::set_moe_wg(0);
+        cu::set_moe_wg(cu::kMoeWgAuto);
         cu::moe_reduce(y8.p, nullptr, n, k, d, official, out8.p, nullptr);
         EXPECT_EQ(cu::moe_wg_launches() - w0, d % 128 == 0 ? 2 : 1) << "expert_wg ran (gate/up only where d % 128 == 0)";
         expect_close(out8.get(), ref, official, (std::string("mxfp4 experts n=") + std::to_string(n) + " d=" + std::to_string(d) +
@@ -908,6 +909,14 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPartialRowTile) { run_experts(40, true, 4160); 
 TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(20, true);
   run_experts(96, true);
+  // The default's kernel choice (moe_wg_effective): the two-blocks-per-SM wgmma kernel for gate/up; for down from
+  // 96 slots per expert on average, expert_f8 below.
+  EXPECT_EQ(cu::moe_wg_mode(), cu::kMoeWgAuto);
+  EXPECT_EQ(cu::moe_wg_effective(true, 120, 8), 2);
+  EXPECT_EQ(cu::moe_wg_effective(false, 96 * 8, 8), 2);
+  EXPECT_EQ(cu::moe_wg_effective(false, 96 * 8 - 1, 8), 0);
+  EXPECT_EQ(cu::moe_wg_effective(false, 2048 * 6, 256), 0);  // a 2K chunk of Flash
+  EXPECT_EQ(cu::moe_wg_effective(false, 8192 * 6, 256), 2);  // an 8K chunk
 }
 
 // expert_wg folds each weight row's four per-32 scales of a 128-column step into its f16 operands, relative to the

@@ -178,13 +178,13 @@ if [ -n "${AB:-}" ]; then
 fi
 # AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two; AB_REPS as above.
 if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then
-  abt_line() { grep -E "per layer" "$1" | tr -s ' ' | tr '\n' ' '; }
+  abt_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down" "$1" | tr -s ' ' | tr '\n' ' '; }
   for rep in $(seq 1 "${AB_REPS:-1}"); do
     for v in base $AB_TP; do
       case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
       name=$(echo "$kv" | tr '=,' '__')
       # shellcheck disable=SC2046
-      step "abtp_${name}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt 2048
+      step "abtp_${name}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt "${AB_PROMPT:-2048}"
       note "- A/B TP2 (rep $rep) $kv: $(abt_line "$OUT/abtp_${name}_r$rep.log")"
     done
   done

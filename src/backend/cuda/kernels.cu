@@ -2815,15 +2815,16 @@ std::atomic<bool> g_moe_f8_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 std::atomic<int64_t> g_moe_f8_launches{0};
-// The wgmma prefill kernel (moe_wg.cuh) before expert_f8 where it applies and the scratch has room (xg_bytes):
-// DSV4_MOE_WG=1 / set_moe_wg(true); opt-in: v1 measured slower than expert_f8 (docs/BENCHMARKS.md, session 14), v2
-// (scales folded, promotion overlapped; moe_wg.cuh) not yet measured.
-// DSV4_MOE_WG=2: its two-blocks-per-SM variant (kTwo; 4 stages whatever DSV4_MOE_PREFILL_STAGES says: two blocks
-// of 8 do not fit); 3: that with the stage barrier while the wgmmas run (kEarlyBar).
+// The wgmma prefill kernel (moe_wg.cuh) in place of expert_f8 where it applies (K / 128 a multiple of kWgGroup) and
+// the scratch has room (xg_bytes); both need g_moe_f8_on. DSV4_MOE_WG / set_moe_wg: 0 expert_f8 only; 1 v2 (one block
+// per SM, promotion overlapped); 2 two blocks per SM (kTwo); 3 kTwo with the stage barrier while the wgmmas run
+// (kEarlyBar); unset / kMoeWgAuto: moe_wg_effective(). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
+// layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
+// / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.
 std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
   const std::string v = e ? e : "";
-  return v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : 0;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : kMoeWgAuto;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of both: 4 (measured), or 8 (DSV4_MOE_PREFILL_STAGES=8 / set_moe_prefill_stages(8); compiled,
@@ -2858,8 +2859,10 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   };
   const bool k128 = K % kF8K == 0 && a.E <= kF8MaxExperts;
   const bool s8 = g_moe_prefill_stages.load(std::memory_order_relaxed) == 8;
-  const int wg = g_moe_wg_mode.load(std::memory_order_relaxed);
-  if (wg && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
+  const bool f8 = g_moe_f8_on.load(std::memory_order_relaxed);
+  int wg = g_moe_wg_mode.load(std::memory_order_relaxed);
+  if (wg == kMoeWgAuto) wg = moe_wg_effective(GATE_UP, nk, a.E);
+  if (f8 && wg && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
     const int64_t off = wg_tiles_offset(nk, K);
     if (wg == 2) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true>, size_t{4} * kWgStageBytes);
     else if (wg == 3) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true, true>, size_t{4} * kWgStageBytes);
@@ -2868,7 +2871,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (g_moe_f8_on.load(std::memory_order_relaxed) && k128 && f8_scratch_bytes(nk, K, a.E) <= cap) {
+  if (f8 && k128 && f8_scratch_bytes(nk, K, a.E) <= cap) {
     if (s8) grouped(f8_tiles_offset(nk, K), moe_gather_e4m3_kernel, expert_f8<GATE_UP, 8>, size_t{8} * kF8StageBytes);
     else grouped(f8_tiles_offset(nk, K), moe_gather_e4m3_kernel, expert_f8<GATE_UP, 4>, size_t{4} * kF8StageBytes);
     g_moe_f8_launches.fetch_add(1, std::memory_order_relaxed);
@@ -2888,10 +2891,15 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(int mode) {
-  if (mode < 0 || mode > 3) fail("set_moe_wg: 0 (off), 1, 2 or 3 (got ", mode, ")");
+  if ((mode < 0 || mode > 3) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1, 2, 3 or kMoeWgAuto (got ", mode, ")");
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
+int moe_wg_effective(bool gate_up, int64_t nk, int E) {
+  // Gate/up: kTwo measured faster at 48 and at 192 slots per expert; down: slower at 48, faster at 192 -- the switch
+  // at 96 (between the two measurements, on a log scale) is a guess, not a measurement.
+  return gate_up || nk >= 96 * static_cast<int64_t>(E) ? 2 : 0;
+}
 int moe_prefill_stages() { return g_moe_prefill_stages.load(std::memory_order_relaxed); }
 void set_moe_prefill_stages(int stages) {
   if (stages != 4 && stages != 8) fail("set_moe_prefill_stages: 4 or 8 stages (got ", stages, ")");

@@ -1,6 +1,9 @@
 // Prefill routed MXFP4 experts on warpgroup MMAs (wgmma, f16 operands, fp32 accumulation): the grouped prefill kernel
-// of official numerics where K is whole 128-column blocks, DSV4_MOE_WG=1 or 2 / set_moe_wg(1 or 2) (opt-in), in place of
-// expert_f8 (moe_f8.cuh).
+// of official numerics where K / 128 is a multiple of kWgGroup, in place of expert_f8 (moe_f8.cuh) as
+// moe_wg_effective() chooses (by default the two-blocks-per-SM variant for gate/up, and for down from 96 slots per
+// expert; DSV4_MOE_WG / set_moe_wg force a variant). Measured (session 15, one H200, 20 Flash layers, an 8K prompt in
+// one chunk): routed gate/up 239 -> 210.8 ms, down 129.4 -> 122.4 vs expert_f8; 2K prompt gate/up 76.1 -> 74.6, down
+// 40.6 -> 45.2 (so down keeps expert_f8 there).
 //
 // v1 (session 14, docs/BENCHMARKS.md; one H200, 20 Flash layers, one 2,048-token chunk): correct (vs expert_tc2
 // unrounded rel L2 <= 1.34e-6, as expert_f8) but SLOWER than expert_f8: gate/up 85.4-87.5 ms vs 75.8-76.2, down

@@ -386,11 +386,15 @@ bool moe_tc2_enabled();
 // DSV4_MOE_F8=0 / set_moe_f8(false): expert_tc2). The same function up to summation order.
 void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
-// ... and before it, the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): opt-in
-// (DSV4_MOE_WG=1 / set_moe_wg(1); 2: its two-blocks-per-SM variant; 3: that with an early stage barrier; 0: off).
-// The same function up to summation order.
+// ... or the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): DSV4_MOE_WG /
+// set_moe_wg: 0 never; 1 v2; 2 its two-blocks-per-SM variant; 3 that with an early stage barrier; kMoeWgAuto (the
+// default) moe_wg_effective(). The same function up to summation order.
+constexpr int kMoeWgAuto = -1;
 void set_moe_wg(int mode);
 int moe_wg_mode();
+// The variant kMoeWgAuto takes for nk grouped slots over E experts (0: expert_f8): 2 for gate/up; for down 2 from 96
+// slots per expert on average (measured slower at 48, faster at 192; docs/BENCHMARKS.md, session 15).
+int moe_wg_effective(bool gate_up, int64_t nk, int E);
 // Their cp.async pipeline: 4 stages (default) or 8 (DSV4_MOE_PREFILL_STAGES=8; measured no faster, session 15).
 void set_moe_prefill_stages(int stages);
 int moe_prefill_stages();

@@ -191,7 +191,7 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
   }
   cu::LinearArgs a;
   a.x = xin, a.ldx = in, a.n = n, a.y = dy.p, a.ldy = out, a.round_bf16 = official;
-  a.x_is_qa8 = official;  // as the backend sets it: x is QA8 exactly when official and W is FP8/FP4
+  a.x_bf16_exact = official;  // as the backend sets it: x is QA8 exactly when official and W is FP8/FP4
   cu::linear(W, a, nullptr);
   const bool gemm = cu::prefill_gemm_eligible(W, a);
   EXPECT_EQ(gemm, n >= cu::kGemmMinTokens) << "prefill-sized linears take the tensor-core GEMM";
@@ -243,7 +243,7 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
   // FMA kernels on the same quantized x.
   if (official && n == 1) {
     cu::LinearArgs b = a;
-    b.x = dx.p, b.qa8_x = true, b.x_is_qa8 = false;
+    b.x = dx.p, b.qa8_x = true, b.x_bf16_exact = false;
     DBuf<float> df(ref.size());
     b.y = df.p;
     ASSERT_TRUE(cu::gemv_stages_x(W, b)) << "the single-token GEMV should stage x";
@@ -335,6 +335,25 @@ void run_grouped_wo_a(int n) {
   cu::linear(W, a, nullptr);
   expect_close(dz.get(), ref, false, (std::string("grouped wo_a 8x1024x4096 n=") + std::to_string(n) +
                                       (cu::prefill_gemm_eligible(W, a) ? " (GEMM)" : "")).c_str());
+  if (cu::prefill_gemm_eligible(W, a)) {
+    // Official numerics hand wo_a a BF16 input and say so (x_bf16_exact): one BF16 term instead of three, the same
+    // products -- against the three-term GEMM on the same BF16-rounded input and against the CPU.
+    vector<float> ub = u, refb(ref.size());
+    num::round_bf16(ub.data(), static_cast<int64_t>(ub.size()));
+    for (int t = 0; t < n; ++t)
+      for (int64_t r = 0; r < G * ro; ++r)
+        refb[t * G * ro + r] = cpu::dot(ub.data() + t * G * gin + (r / ro) * gin, L->deq.data() + r * gin, gin);
+    DBuf<float> dub(ub), d3(ref.size()), d1(ref.size());
+    cu::LinearArgs b = a;
+    b.x = dub.p, b.y = d3.p;
+    cu::linear(W, b, nullptr);
+    b.x_bf16_exact = true, b.y = d1.p;
+    cu::linear(W, b, nullptr);
+    const Stats st = cmp(d1.get(), d3.get());
+    std::printf("[op] grouped wo_a n=%d, BF16 input: one term vs three, rel L2 %.3g\n", n, st.rel);
+    EXPECT_LE(st.rel, 1e-6);
+    expect_close(d1.get(), refb, false, "grouped wo_a, BF16 input as one term");
+  }
   if (n == 1) {
     // Decode: the ring GEMV, one group per set of blocks; v3 (no K split at 8192 rows) gives the same bits.
     ASSERT_TRUE(cu::gemv_ring_eligible(W, a));

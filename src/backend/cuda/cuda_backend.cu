@@ -791,9 +791,12 @@ class CudaBackend final : public Backend {
     }
     float* z = scratch(6, static_cast<size_t>(n) * G * ro);
     // Grouped wo_a: CPU applies no activation quantization here (plain dot), then BF16 rounding in official mode.
+    // Official numerics: u is BF16 throughout (the attention rounds its output, the inverse RoPE its rotated dims), so
+    // the prefill GEMM takes it as one BF16 term instead of three (measured: session 15, docs/BENCHMARKS.md).
     cuda::LinearArgs g;
     g.x = u, g.ldx = H * D, g.n = n, g.y = z, g.ldy = G * ro, g.group_rows = ro, g.group_x_off = gin;
     g.round_bf16 = official_;
+    g.x_bf16_exact = official_;
     {
       OpScope sub(this, "attn_out/wo_a", true);
       cuda::linear(L.wo_a, g, s_);
@@ -1276,14 +1279,14 @@ class CudaBackend final : public Backend {
     }
     cuda::LinearArgs a;
     a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
-    a.x_is_qa8 = official_ && W.low_precision();
+    a.x_bf16_exact = official_ && W.low_precision();
     cuda::linear(W, a, s_);
   }
   // lin() for an input that is already QA8-quantized where W needs it (shared by several linears of one input).
   void lin_pre(const DevLinear& W, const float* xin, int n, float* y, bool round = true) {
     cuda::LinearArgs a;
     a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
-    a.x_is_qa8 = official_ && W.low_precision();  // the caller passes input_for(W): QA8 exactly when this holds
+    a.x_bf16_exact = official_ && W.low_precision();  // the caller passes input_for(W): QA8 exactly when this holds
     cuda::linear(W, a, s_);
   }
   // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites).

@@ -56,7 +56,9 @@ struct LinearArgs {
   int64_t group_rows = 0;
   int64_t group_x_off = 0;
   bool round_bf16 = false;
-  bool x_is_qa8 = false;  // x holds QA8 values (official numerics): exact in BF16, one term in the prefill GEMM
+  // x's values are exact in BF16 (QA8 values, or activations official numerics rounded to BF16): one term, not three,
+  // in the prefill GEMM. A promise the caller keeps: the GEMM then drops x's bits below BF16.
+  bool x_bf16_exact = false;
   // x is raw and the kernel applies QA8 while staging it (official numerics' FP8/FP4 linears): only where
   // gemv_stages_x() holds (single-token GEMVs), bit-identical to qa8_rows + GEMV.
   bool qa8_x = false;

@@ -155,7 +155,7 @@ bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   DSV4_CU(cudaStreamIsCapturing(s, &cap));
   if (cap != cudaStreamCaptureStatusNone) return false;  // staging buffers may grow (cudaMalloc): eager only
   LtContext& c = context(s);
-  const int tw = bf16_terms(W.fmt), tx = a.x_is_qa8 ? 1 : 3;
+  const int tw = bf16_terms(W.fmt), tx = a.x_bf16_exact ? 1 : 3;
   const int64_t K = W.in, kp = K * tw * tx;
   const int64_t gr = a.group_rows ? a.group_rows : W.out, groups = W.out / gr;
   const int64_t pass = std::min(gr, std::max<int64_t>(16, kMaxStagedWeights / kp / 16 * 16));

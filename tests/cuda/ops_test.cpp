@@ -351,7 +351,9 @@ void run_grouped_wo_a(int n) {
     cu::linear(W, b, nullptr);
     const Stats st = cmp(d1.get(), d3.get());
     std::printf("[op] grouped wo_a n=%d, BF16 input: one term vs three, rel L2 %.3g\n", n, st.rel);
-    EXPECT_LE(st.rel, 1e-6);
+    // Two cuBLASLt GEMMs (K 4096 vs 3 x 4096) sum in different fp32 orders: 1.46e-6 measured (the GEMM vs the CPU:
+    // 2.4e-6); a dropped or truncated term would show as ~1e-3 (BF16's 2^-9).
+    EXPECT_LE(st.rel, 1e-5);
     expect_close(d1.get(), refb, false, "grouped wo_a, BF16 input as one term");
   }
   if (n == 1) {

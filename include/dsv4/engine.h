@@ -12,6 +12,7 @@
 namespace dsv4 {
 
 class Model;
+class Forward;
 
 struct EngineOptions {
   std::string model_dir;
@@ -24,8 +25,8 @@ struct EngineOptions {
 
 // The prefill chunk an engine takes when EngineOptions::prefill_chunk is 0: on CUDA 8,192 tokens (at most max_context
 // rounded up to 64), because the prefill kernels run the better the more tokens each expert gets (measured, one H200,
-// 20 Flash layers, 8K prompt: 7,504 tok/s at 8,192-token chunks vs 6,557 at 2,048); on the CPU 256. A session's
-// activation buffers are sized for its chunk (Flash on CUDA: a few GB at 8,192).
+// 20 Flash layers, 8K prompt: 7,504 tok/s at 8,192-token chunks vs 6,557 at 2,048); on the CPU 256. The engine holds
+// one prefill Forward of that many tokens, shared by its sessions (Flash on CUDA: a few GB at 8,192).
 int default_prefill_chunk(const std::string& backend, int64_t max_context);
 
 struct ModelInfo {
@@ -52,6 +53,7 @@ class Engine {
   friend class Session;
   struct BatchScratch;
   Engine();
+  Forward& prefill_forward();  // shared by the sessions' multi-token chunks, created on first use
   EngineOptions opts_;
   ModelInfo info_;
   std::unique_ptr<Model> model_;

@@ -31,8 +31,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   app.add_option("--max-context", max_context, "tokens of state per slot (sized up front)")->check(CLI::PositiveNumber);
   app.add_option("--max-batch", so.max_batch, "concurrent requests (slots, one session each)")->check(CLI::Range(1, 1024));
   app.add_option("--max-queue", so.max_queue, "requests waiting for a slot before 429")->check(CLI::Range(0, 100000));
-  app.add_option("--prefill-chunk", so.prefill_chunk, "prompt tokens per scheduling step (one forward pass; each slot's "
-                 "activation buffers are sized for it)")->check(CLI::PositiveNumber);
+  auto* chunk_opt = app.add_option("--prefill-chunk", so.prefill_chunk,
+                                   "prompt tokens per scheduling step, one forward pass (default: 2048 on CUDA, 256 on the CPU)")
+                        ->check(CLI::PositiveNumber);
   app.add_option("--api-key", ho.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   app.add_option("--served-model-name", ho.served_model_name, "model id reported by /v1/models and accepted in requests");
   // Test hook (docs/SERVER.md): lets a request script its completion text; hidden from --help on purpose.
@@ -52,6 +53,10 @@ int cmd_serve(const std::vector<std::string>& args) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  // CUDA: a larger step prefills faster (more tokens per expert in the prefill kernels) but stalls the other streams
+  // for longer; 2048 is a middle ground (a 43-layer Flash step of 2,048 tokens: roughly half a second at the 4-5 K
+  // tok/s measured on 2 H200s, docs/BENCHMARKS.md).
+  if (chunk_opt->count() == 0 && backend == "cuda") so.prefill_chunk = 2048;
   dsv4::EngineOptions eo;
   eo.model_dir = model;
   eo.backend = backend;

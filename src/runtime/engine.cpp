@@ -7,10 +7,12 @@
 
 namespace dsv4 {
 
-// Batched decode's own Forward (its multi-row logits buffer is allocated once, here, instead of in whichever
-// session happened to come first in a batch) and host scratch, grown once to the largest batch (then a step allocates
-// nothing).
+// What the engine's sessions share: the prefill Forward (activation buffers for prefill_chunk tokens -- a few GB at
+// CUDA's default chunk -- once per engine, not once per session: sessions run one at a time), batched decode's own
+// Forward (its multi-row logits buffer is allocated once, here, instead of in whichever session happened to come first
+// in a batch) and host scratch, grown once to the largest batch (then a step allocates nothing).
 struct Engine::BatchScratch {
+  std::unique_ptr<Forward> prefill;
   std::unique_ptr<Forward> fwd;
   std::vector<SequenceState*> states;
   std::vector<int32_t> ids;
@@ -35,6 +37,12 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
 }
 
 Engine::~Engine() = default;
+
+Forward& Engine::prefill_forward() {
+  if (!batch_) batch_ = std::make_unique<BatchScratch>();
+  if (!batch_->prefill) batch_->prefill = std::make_unique<Forward>(*model_, opts_.prefill_chunk);
+  return *batch_->prefill;
+}
 
 std::unique_ptr<Session> Engine::new_session() { return std::unique_ptr<Session>(new Session(*this)); }
 
@@ -78,7 +86,7 @@ struct Session::Impl {
       : engine(e),
         interval(snapshot_interval(e.options().prefill_chunk)),
         state(e.model().backend().new_sequence(e.options().max_context)),
-        fwd(e.model(), e.options().prefill_chunk),
+        fwd(e.model(), 1),
         logits(static_cast<size_t>(e.info().vocab_size)) {}
 };
 
@@ -95,7 +103,7 @@ const std::vector<float>& Session::logits() const {
 void Session::run(int64_t from) {
   Impl& I = *impl_;
   const int64_t n = static_cast<int64_t>(tokens_.size());
-  const int chunk = I.fwd.max_chunk();
+  const int chunk = I.engine.options().prefill_chunk;
   const bool snaps = I.state->supports_snapshots();
   int64_t p = from;
   const int64_t tail_at = n - kTailBack;
@@ -105,7 +113,10 @@ void Session::run(int64_t from) {
     int64_t next_snap = (p / I.interval + 1) * I.interval;
     if (snaps && tail_at > p && tail_at % I.interval != 0) next_snap = std::min(next_snap, tail_at);
     int64_t end = std::min({n, p + chunk, snaps ? next_snap : n});
-    I.fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
+    // One token: the session's own Forward (on the GPU its decode step is a recorded graph keyed by that Forward's
+    // buffers); more: the engine's shared prefill Forward.
+    Forward& fwd = end - p == 1 ? I.fwd : I.engine.prefill_forward();
+    fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
     p = end;
     if (progress_ && n - from > 1) progress_(p - from, n - from);
     I.after_chunk(p, tail_at);
@@ -207,8 +218,8 @@ void Session::append_batch(const std::vector<Session*>& sessions, const std::vec
   // in groups of at most that many sequences. A group of one is an ordinary decode step of that session's own
   // Forward (on the GPU its recorded decode graph is keyed by the Forward's buffers).
   if (!engine.batch_) engine.batch_ = std::make_unique<Engine::BatchScratch>();
-  Engine::BatchScratch& B = *engine.batch_;
-  if (!B.fwd) B.fwd = std::make_unique<Forward>(engine.model(), sessions[0]->impl_->fwd.max_chunk());
+  Engine::BatchScratch& B = *engine.batch_;  // (its prefill Forward is not used here)
+  if (!B.fwd) B.fwd = std::make_unique<Forward>(engine.model(), engine.options().prefill_chunk);
   const size_t group = static_cast<size_t>(B.fwd->max_chunk());
   const size_t V = static_cast<size_t>(engine.info().vocab_size);
   const size_t need = std::min(group, sessions.size());

@@ -20,7 +20,7 @@ struct EngineOptions {
   std::string numerics = "reference";   // reference | official
   int tp = 1;                           // cuda: tensor-parallel GPUs 0..tp-1 (1, 2, 4, 8)
   int64_t max_context = 4096;           // per-session state is sized from this up front
-  int prefill_chunk = 0;                // tokens per prefill forward; 0: default_prefill_chunk(backend, max_context)
+  int prefill_chunk = 0;                // tokens per prefill forward (at most max_context); 0: default_prefill_chunk
 };
 
 // The prefill chunk an engine takes when EngineOptions::prefill_chunk is 0: on CUDA 8,192 tokens (at most max_context

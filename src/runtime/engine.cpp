@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <new>
 
 #include "core/error.h"
 #include "dsv4/engine.h"
@@ -28,11 +29,23 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
   std::unique_ptr<Engine> e(new Engine());
   e->opts_ = o;
   if (o.prefill_chunk == 0) e->opts_.prefill_chunk = default_prefill_chunk(o.backend, o.max_context);
+  // A forward never holds more tokens than a session can: a larger chunk would only size buffers nothing fills.
+  e->opts_.prefill_chunk = static_cast<int>(std::min<int64_t>(e->opts_.prefill_chunk, o.max_context));
   e->model_ = std::make_unique<Model>(o.model_dir, make_backend(o.backend, o.tp), parse_numerics(o.numerics));
   const ModelConfig& c = e->model_->config();
   if (o.max_context > c.max_position_embeddings)
     fail("max context ", o.max_context, " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
   e->info_ = ModelInfo{c.vocab_size, c.eos_token_id, c.bos_token_id, c.n_layers, o.backend, o.numerics};
+  // The prefill buffers now, not at the first prompt: a chunk too large for the memory left is a load-time error.
+  try {
+    e->prefill_forward();
+  } catch (const Error& err) {
+    fail("cannot allocate the prefill buffers for ", e->opts_.prefill_chunk, " tokens per forward (", err.what(),
+         "): use a smaller --prefill-chunk");
+  } catch (const std::bad_alloc&) {
+    fail("cannot allocate the prefill buffers for ", e->opts_.prefill_chunk, " tokens per forward (out of host memory): "
+         "use a smaller --prefill-chunk");
+  }
   return e;
 }
 

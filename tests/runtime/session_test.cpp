@@ -110,6 +110,13 @@ TEST(Session, PrefillChunksAreTheEngineChunk) {
   EXPECT_EQ(std::memcmp(s->logits().data(), fresh->logits().data(), fresh->logits().size() * 4), 0);
 }
 
+TEST(EngineOptions, PrefillChunkAtMostTheContext) {
+  auto e = load("flash_fp8", 1 << 30);  // max_context 512: the prefill buffers are sized for 512 tokens, not 2^30
+  EXPECT_EQ(e->options().prefill_chunk, 512);
+  auto d = load("flash_fp8", 0);
+  EXPECT_EQ(d->options().prefill_chunk, 256);  // the CPU's default
+}
+
 TEST(EngineOptions, DefaultPrefillChunk) {
   EXPECT_EQ(default_prefill_chunk("cpu", 4096), 256);
   EXPECT_EQ(default_prefill_chunk("cuda", 4096), 4096);

@@ -2827,8 +2827,8 @@ std::atomic<int> g_moe_wg_mode{[] {
   return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : kMoeWgAuto;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
-// Pipeline stages of both: 4 (measured), or 8 (DSV4_MOE_PREFILL_STAGES=8 / set_moe_prefill_stages(8); compiled,
-// not yet run on a GPU).
+// Pipeline stages of expert_f8 and the one-block expert_wg: 4, or 8 (DSV4_MOE_PREFILL_STAGES=8 /
+// set_moe_prefill_stages(8); measured no faster, session 15).
 std::atomic<int> g_moe_prefill_stages{[] {
   const char* e = std::getenv("DSV4_MOE_PREFILL_STAGES");
   return e && std::string(e) == "8" ? 8 : 4;

@@ -128,9 +128,9 @@ __device__ __forceinline__ void mma_e4m3_16832_z(float (&d)[4], uint32_t a0, uin
 // 243 registers (ptxas), so one block (8 warps) per SM: the two-blocks-per-SM variant in 128 registers (the decode
 // walk's per-MMA scale product instead of the per-128-block partials below; spills) measured slower (docs/BENCHMARKS.md,
 // session 14).
-// kF8Stages: the cp.async pipeline's stages (kF8Stages - 1 steps in flight): 4 (measured), or 8 with
-// DSV4_MOE_PREFILL_STAGES=8 (compiled, not yet run: 7 steps = 448 bytes of each weight row in flight, like the decode
-// walk's ring -- the test of the weight-stream hypothesis, docs/BENCHMARKS.md session 14).
+// kF8Stages: the cp.async pipeline's stages (kF8Stages - 1 steps in flight): 4, or 8 with DSV4_MOE_PREFILL_STAGES=8
+// (7 steps = 448 bytes of each weight row in flight, like the decode walk's ring: the test of the weight-stream
+// hypothesis; measured no faster, gate/up 75.7 -> 78.8 ms, down 40.4 -> 39.3: docs/BENCHMARKS.md session 15).
 template <bool GATE_UP, int kF8Stages>
 __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const uint8_t* xg) {
   pdl_wait();

@@ -9,8 +9,9 @@
 // unrounded rel L2 <= 1.34e-6, as expert_f8) but SLOWER than expert_f8: gate/up 85.4-87.5 ms vs 75.8-76.2, down
 // 50.1-50.5 vs 40.5-40.7. Per 128-column step it ran 4 accumulator sets (one per 32-column scale), waited for all its
 // wgmmas (wait_group 0), then did ~160 FMAs of scaling before building the next A registers: tensor cores and the
-// other pipes took turns. v2 (this code, session 15): the weight scales folded into the A operands (wg_fold), one
-// accumulator set per step, promotion overlapped with the next step's wgmmas -- see the kernel.
+// other pipes took turns. v2 (session 15): the weight scales folded into the A operands (wg_fold), one accumulator
+// set per step, promotion overlapped with the next step's wgmmas -- no faster; its two-blocks-per-SM variant (kTwo,
+// the default) is what helped -- see the kernel.
 //
 // Why: expert_f8's m16n8k32 E4M3 mma.sync is not native on sm_90a (ptxas: F2FP unpacks + two f16 HMMAs per MMA), so
 // it issues ~25 instructions per MMA and ran at ~150 TFLOP/s (ncu: 51 % issue slots busy). wgmma is Hopper's native

@@ -148,9 +148,7 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const u
   // Tile row tr (0..127) -> weight row and scale row (rows past R recompute the last row; never stored).
   auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) {
     const bool second = GATE_UP && tr >= kF8Rows / 2;
-    const int64_t r = min(r0 + (GATE_UP ? tr % (kF8Rows / 2) : tr), R - 1);
-    w = static_cast<const uint8_t*>(GATE_UP ? (second ? E.w3 : E.w1) : E.w2) + r * (K / 2);
-    s = static_cast<const uint8_t*>(GATE_UP ? (second ? E.s3 : E.s1) : E.s2) + r * (GATE_UP ? a.sb1 : a.sb2);
+    mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? tr % (kF8Rows / 2) : tr), R - 1), second, w, s);
   };
   // This thread's copies per stage: weights row tid / 2, chunks 2 (tid % 2) and + 1; codes slots tid / 8 and 32 +
   // tid / 8, unit tid % 8; threads < 128 the scale word of row tid, threads 128..191 the scale of slot tid - 128.

@@ -62,6 +62,16 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 
 // grid (ceil(rows / (GATE_UP ? 64 : 128)), E). Dynamic shared memory: the stages, the byte->BF16 table (1 KB) and the
 // tile rows' E8M0 scales for the whole K (kTc2Rows * K / 32 bytes).
+// The FP4 bytes and E8M0 scale bytes of weight row r of an expert's gate/up (w1, or w3 when `second`) or down matrix
+// (w2): the row lookup of the grouped prefill kernels (expert_tc2, expert_f8, expert_wg), which differ only in how a
+// tile row maps to (r, second).
+template <bool GATE_UP>
+__device__ __forceinline__ void mxfp4_expert_row(const DevExpert& E, const ExpertArgs& a, int64_t K, int64_t r, bool second,
+                                                 const uint8_t*& w, const uint8_t*& s) {
+  w = static_cast<const uint8_t*>(GATE_UP ? (second ? E.w3 : E.w1) : E.w2) + r * (K / 2);
+  s = static_cast<const uint8_t*>(GATE_UP ? (second ? E.s3 : E.s1) : E.s2) + r * (GATE_UP ? a.sb1 : a.sb2);
+}
+
 template <bool GATE_UP>
 __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const uint16_t* xg) {
   pdl_wait();
@@ -80,9 +90,7 @@ __global__ void __launch_bounds__(kTc2Threads) expert_tc2(ExpertArgs a, const ui
   // Tile row tr (0..127) -> weight row pointer and scale row (rows past R recompute the last row; never stored).
   auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) {
     const bool second = GATE_UP && tr >= kTc2Rows / 2;
-    const int64_t r = min(r0 + (GATE_UP ? tr % (kTc2Rows / 2) : tr), R - 1);
-    w = static_cast<const uint8_t*>(GATE_UP ? (second ? E.w3 : E.w1) : E.w2) + r * (K / 2);
-    s = static_cast<const uint8_t*>(GATE_UP ? (second ? E.s3 : E.s1) : E.s2) + r * (GATE_UP ? a.sb1 : a.sb2);
+    mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? tr % (kTc2Rows / 2) : tr), R - 1), second, w, s);
   };
   // The byte -> (E2M1 low nibble, E2M1 high nibble) BF16 pair table, and the tile rows' scales.
   for (int i = tid; i < 256; i += kTc2Threads) {

@@ -169,9 +169,7 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
   auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) {
     const int wq = tr >> 4, i = tr & 15;
     const bool second = GATE_UP && i >= 8;
-    const int64_t r = min(r0 + (GATE_UP ? 8 * wq + (i & 7) : tr), R - 1);
-    w = static_cast<const uint8_t*>(GATE_UP ? (second ? E.w3 : E.w1) : E.w2) + r * (K / 2);
-    s = static_cast<const uint8_t*>(GATE_UP ? (second ? E.s3 : E.s1) : E.s2) + r * (GATE_UP ? a.sb1 : a.sb2);
+    mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? 8 * wq + (i & 7) : tr), R - 1), second, w, s);
   };
   // Copies per stage: weights row tid / 2, chunks 2 (tid % 2) and + 1; scale word of row tid (tid < 128), scale of
   // slot tid - 128 (128..191); codes: slot tid / 4, k-blocks 4 (tid % 4) .. + 3 (16 bytes each).

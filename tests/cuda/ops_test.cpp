@@ -1044,10 +1044,13 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
     a.n = n, a.H = H, a.window = W, a.topk_k = K, a.ratio = ratio, a.kind = kind, a.D = D, a.pos0 = pos0, a.n_comp = ncomp;
     a.official = official;
     a.max_rows = cu::attend_max_rows(W, kind, K, pos0 + n, ratio);
-    DBuf<float> scr(static_cast<size_t>(cu::attend_scratch_floats(n, H, D, a.max_rows)));
-    a.scratch = scr.p, a.o = dout.p, a.err = derr.p;
-    const bool was_on = cu::prefill_gemm_enabled();
-    cu::set_prefill_gemm(true);  // whatever DSV4_PREFILL_GEMM says: this test is about both paths
+    a.err = derr.p;
+    const bool was_on = cu::prefill_gemm_enabled(), wg_was_on = cu::attend_wg_enabled();
+    cu::set_prefill_gemm(true);  // whatever DSV4_PREFILL_GEMM / DSV4_ATTEND_WG say: this test is about every path
+    cu::set_attend_wg(true);
+    // Room for every path taken below: the wgmma kernel's row copy, the split-KV / attend_tc scratch.
+    DBuf<float> scr(static_cast<size_t>(std::max(cu::attend_scratch_floats(a), cu::attend_scratch_floats(n, H, D, a.max_rows))));
+    a.scratch = scr.p, a.o = dout.p;
     cu::attend(a, nullptr);
     const bool tc = cu::attend_uses_tc(a);
     EXPECT_EQ(tc, official && n >= cu::kGemmMinTokens) << "official prefill chunks take the tensor-core kernels";
@@ -1097,6 +1100,24 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
       EXPECT_EQ(derr.get()[0], 0);
     }
     if (tc) {
+      // attend_tc.cuh's mma.sync kernels (DSV4_ATTEND_WG=0) vs the CPU, and the default wgmma kernel vs them.
+      DBuf<float> dold(ref.size());
+      cu::fill_f32(dold.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
+      cu::set_attend_wg(false);
+      a.o = dold.p;
+      cu::attend(a, nullptr);
+      cu::set_attend_wg(true);
+      const auto old_tc = dold.get();
+      expect_close(old_tc, ref, official, (what + " (attend_tc mma.sync)").c_str());
+      {
+        const auto got = dout.get();
+        const Stats st = cmp(got, old_tc);
+        size_t same = 0;
+        for (size_t e = 0; e < got.size(); ++e) same += got[e] == old_tc[e];
+        std::printf("[op] attention wgmma vs mma.sync n=%d: rel L2 %.3g, bit-identical %.2f%%\n", n, st.rel,
+                    100.0 * static_cast<double>(same) / static_cast<double>(got.size()));
+        EXPECT_LE(st.rel, 1e-3);
+      }
       // The split-KV kernels on the same inputs: the same function up to fp32 summation order, so only rare BF16
       // rounding flips (of p or of the output) may differ.
       DBuf<float> dsplit(ref.size());
@@ -1114,6 +1135,7 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
       EXPECT_GE(frac_same, 0.98);  // the rest: BF16 rounding flips of p or o (CPU emulation of the kernels: ~0.1 %)
     }
     cu::set_prefill_gemm(was_on);
+    cu::set_attend_wg(wg_was_on);
   }
 }
 
@@ -1136,6 +1158,7 @@ TEST(CudaOps, AttentionPrefillTensorCores) {
   run_attention(2, 20, 128 * 40 + 5, 17, 128, true);  // partial head tiles
   run_attention(2, 64, 0, 40, 128, true);             // a prompt's first chunk: short windows, one partial tile
   run_attention(1, 64, 3, 24, 4, true);
+  run_attention(1, 32, 8191, 20, 4, true);  // a TP2 rank's heads
 }
 TEST(CudaOps, AttentionHcaLongContext) {
   run_attention(2, 64, 128 * 700 - 2, 2, 128);

@@ -163,7 +163,7 @@ fi
 # times (base and variants alternate: drift shows).
 AB_LAYERS=${AB_LAYERS:-20}
 if [ -n "${AB:-}" ]; then
-  ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down" "$1" | tr -s ' ' | tr '\n' ' '; }
+  ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms" "$1" | tr -s ' ' | tr '\n' ' '; }
   for rep in $(seq 1 "${AB_REPS:-1}"); do
     step "ab_base_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "${AB_PROMPT:-2048}"
     note "- A/B (${AB_LAYERS}L, rep $rep) base: $(ab_line "$OUT/ab_base_r$rep.log")"
@@ -178,7 +178,7 @@ if [ -n "${AB:-}" ]; then
 fi
 # AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two; AB_REPS as above.
 if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then
-  abt_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down" "$1" | tr -s ' ' | tr '\n' ' '; }
+  abt_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms" "$1" | tr -s ' ' | tr '\n' ' '; }
   for rep in $(seq 1 "${AB_REPS:-1}"); do
     for v in base $AB_TP; do
       case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac

@@ -742,7 +742,7 @@ class CudaBackend final : public Backend {
     // Graph mode: scratch and launch shape for the sequence's capacity; the kernels use the step's actual rows.
     a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, dyn_ ? sst.max_context() : pos0 + n, a.ratio);
     a.dpos = dpos();
-    a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(n, a.H, a.D, a.max_rows)));
+    a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(a)));
     a.o = o, a.err = err_;
     // Decode: the attention's merge kernel also stores the token's kv row into the ring, so the window_store that
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).

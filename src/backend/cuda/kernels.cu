@@ -2114,6 +2114,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/moe_tc2.cuh"
 #include "backend/cuda/moe_f8.cuh"
 #include "backend/cuda/moe_wg.cuh"
+#include "backend/cuda/attend_wg.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2670,6 +2671,27 @@ int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows) {
   return static_cast<int64_t>(n) * H * max_rows + static_cast<int64_t>(n) * sp.bound * H * (2 + D) + 8;  // + alignment
 }
 
+namespace {
+// The wgmma prefill kernel (attend_wg.cuh) for official prefill chunks unless DSV4_ATTEND_WG=0 (attend_tc.cuh's
+// kernels; A/B) or set_attend_wg(false) (tests).
+std::atomic<bool> g_attend_wg{[] {
+  const char* e = std::getenv("DSV4_ATTEND_WG");
+  return !(e && std::string(e) == "0");
+}()};
+// Its BF16 row copy: ring, chunk kv, compressed entries (attend_wg_rows_kernel), in floats.
+int64_t attend_wg_scratch_floats(const AttendArgs& a) {
+  const int64_t rows = a.window + a.n + (a.kind == 0 ? 0 : a.n_comp);
+  return rows * a.D / 2 + 8;
+}
+}  // namespace
+void set_attend_wg(bool on) { g_attend_wg.store(on, std::memory_order_relaxed); }
+bool attend_wg_enabled() { return g_attend_wg.load(std::memory_order_relaxed); }
+
+int64_t attend_scratch_floats(const AttendArgs& a) {
+  if (attend_uses_tc(a) && attend_wg_enabled()) return attend_wg_scratch_floats(a);
+  return attend_scratch_floats(a.n, a.H, a.D, a.max_rows);
+}
+
 bool attend_uses_tc(const AttendArgs& a) {
   return a.official && !a.dpos && a.n >= kGemmMinTokens && a.D == kTcAttD && a.H <= kTcAttH && prefill_gemm_enabled();
 }
@@ -2687,6 +2709,18 @@ void attend(const AttendArgs& a, cudaStream_t s) {
   if (a.store_ring && (a.n != 1 || a.store_ring != a.ring || attend_uses_tc(a)))
     fail("attention: the fused window store takes one token and the attention's own ring");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
+  if (attend_uses_tc(a) && attend_wg_enabled()) {
+    // Prefill chunk, official numerics: a query's whole attention per block on warpgroup MMAs (attend_wg.cuh), from
+    // a BF16 copy of the rows.
+    uint16_t* rows = reinterpret_cast<uint16_t*>(a.scratch);
+    const int64_t chunks = attend_wg_scratch_floats(a) / 4;
+    launch(attend_wg_rows_kernel, static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, 8L * sm_count())), 256, 0, s, a, rows);
+    DSV4_LAUNCHED();
+    allow_smem(attend_wg_kernel, kWgaSmem);
+    launch(attend_wg_kernel, static_cast<unsigned>(a.n), 256, kWgaSmem, s, a, static_cast<const uint16_t*>(rows));
+    DSV4_LAUNCHED();
+    return;
+  }
   if (attend_uses_tc(a)) {
     // Prefill chunk, official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
     float* stats = a.scratch + up4(static_cast<int64_t>(a.n) * a.H * a.max_rows);  // [n][H][2] (room: >= 1 chunk)

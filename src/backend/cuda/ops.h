@@ -256,6 +256,13 @@ void attend(const AttendArgs& a, cudaStream_t s);
 bool attend_uses_tc(const AttendArgs& a);
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio);
 int64_t attend_scratch_floats(int n, int H, int64_t D, int64_t max_rows);
+// What attend(a) needs for a's path (every field but scratch and o set): the wgmma prefill kernel's BF16 row copy, or
+// the split-KV / attend_tc scratch above.
+int64_t attend_scratch_floats(const AttendArgs& a);
+// Official prefill chunks on warpgroup MMAs (attend_wg.cuh: a query's whole attention per block, S kept on chip) --
+// the default -- or on attend_tc.cuh's mma.sync kernels (DSV4_ATTEND_WG=0 / false).
+void set_attend_wg(bool on);
+bool attend_wg_enabled();
 
 // ring[(pos0 + i) % W] = kv[i] for the last min(n, W) rows.
 void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s,

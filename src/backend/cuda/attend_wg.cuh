@@ -10,14 +10,17 @@
 //   pass 1: for each 64-row tile, S = Q . K^T (wgmma m64n32k16 per warpgroup: 64 heads x its 32 rows), the running
 //           per-head max and sum of exp(S - max) (fp32, rescaled when the max grows);
 //   merge : (M, Z) per head from both warpgroups' statistics and the sink (added once, as the split-KV kernels do);
-//   pass 2: for each tile again, S recomputed (the same wgmmas: the same bits), p = BF16(exp(S - M) / Z) into shared
+//   pass 2: for each tile again, S recomputed (the same wgmmas: the same bits), p = BF16(exp(S - M) x (1 / Z)) into shared
 //           memory, and O += P . V (wgmma m64n64k16, P as A, the SAME tile as B read transposed: K = V).
 // The QK products are computed twice (once per pass) instead of storing S: 1.5x the minimum tensor work, no S traffic.
 //
 // Exactness (official numerics): q (norm_rope rounds to BF16), the KV rows (E4M3 x a power of two, BF16 RoPE dims)
 // and p (BF16-rounded after the global normalisation, as the CPU does) are BF16 values, so every product is exact;
-// only the fp32 summation order and (M, Z) (fp32 online here, double two-pass in the split-KV kernels) differ, i.e.
-// rare BF16 rounding flips of p or of o.
+// only the fp32 summation order, (M, Z) (fp32 online here, double two-pass in the split-KV kernels) and p's division
+// (a multiply by 1 / Z: one fp32 rounding more) differ, i.e. rare BF16 rounding flips of p or of o.
+// Instruction count matters: with one 8-warp block per SM the kernel is issue-bound (ncu, first version: IPC 1.0,
+// 0.32 eligible warps, ~1,300 instructions per warp and tile, half of them rebuilding wgmma descriptors), hence the
+// precomputed descriptors (wga_at), the multiply by 1 / Z and the top-k entries loaded a tile ahead.
 //
 // Operands in shared memory, all as no-swizzle core matrices (8 rows x 16 bytes; wga_off):
 //   Q [64 heads][512 dims] (A of QK, K-major), a KV tile [64 rows][512 dims] (B of QK K-major: N = rows; B of PV
@@ -42,16 +45,19 @@ __device__ __forceinline__ uint32_t wga_off(int r, int c) {
 }
 
 // BF16 row of attention row j of query i in attend_wg_rows_kernel's copy ([ring W][chunk kv n][compressed]), or -1
-// for a row that contributes nothing (past the query's rows, a -1 top-k hole, an invisible entry: err bit 1).
-__device__ __forceinline__ int64_t wga_row(const AttendArgs& a, int i, const AttGeom& g, int j) {
+// for a row that contributes nothing (past the query's rows, a -1 top-k hole, an invisible entry: err bit 1). w: the
+// row's top-k entry (wga_topk; CSA rows only), loaded a tile ahead so its latency is not waited for at the copy.
+__device__ __forceinline__ int32_t wga_topk(const AttendArgs& a, int i, const AttGeom& g, int j) {
+  if (a.kind != 1 || j < g.nwin || j >= g.nrows) return 0;
+  return __ldg(a.topk + static_cast<int64_t>(i) * a.topk_k + (j - g.nwin));
+}
+__device__ __forceinline__ int64_t wga_row(const AttendArgs& a, const AttGeom& g, int j, int32_t w) {
   if (j >= g.nrows) return -1;
   if (j < g.nwin) {
     const int64_t p = g.wstart + j;
     return p >= a.pos0 ? a.window + (p - a.pos0) : p % a.window;
   }
-  const int c = j - g.nwin;
-  if (a.kind == 2) return a.window + a.n + c;
-  const int32_t w = a.topk[static_cast<int64_t>(i) * a.topk_k + c];
+  if (a.kind == 2) return a.window + a.n + (j - g.nwin);
   if (w < 0) return -1;
   if (w >= (g.t + 1) / a.ratio || w >= a.n_comp) {
     if (a.err) atomicOr(a.err, 1);
@@ -111,6 +117,20 @@ __device__ __forceinline__ void wga_fence(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// A descriptor as two words: lo = start address >> 4 | LBO >> 4 << 16, hi = SBO >> 4. An operand's descriptors
+// differ only in the start address, so each wgmma adds its constant byte offset / 16 to lo (one integer add; the
+// start field cannot carry into LBO: shared addresses are < 2^18) instead of building the descriptor again.
+struct WgaDesc {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ WgaDesc wga_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = wg_desc(p, lbo, sbo);
+  return WgaDesc{static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+__device__ __forceinline__ uint64_t wga_at(WgaDesc d, uint32_t byte_off) {
+  return (static_cast<uint64_t>(d.hi) << 32) | (d.lo + (byte_off >> 4));
+}
+
 // grid n queries, 256 threads, kWgaSmem dynamic shared memory.
 __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const uint16_t* rows) {
   pdl_wait();
@@ -142,9 +162,11 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
   }
   // Tile k (0 .. 2T - 1): rows (k % T) * 64 .. of pass k / T, into buffer k & 1; one cp.async group per call (empty
   // past the last tile, so the group count stays uniform).
+  int32_t w_next = wga_topk(a, i, geo, cr);  // this thread's row of tile 0
   auto issue = [&](int k) {
     if (k < 2 * T) {
-      const int64_t src = wga_row(a, i, geo, (k % T) * kWgaRows + cr);
+      const int64_t src = wga_row(a, geo, (k % T) * kWgaRows + cr, w_next);
+      w_next = wga_topk(a, i, geo, ((k + 1) % T) * kWgaRows + cr);  // tile k + 1's, used at the next call
       if ((tid & 0x81) == 0) valid[k & 1][cr] = src >= 0;  // one writer per row
       uint8_t* dst = tiles + (k & 1) * kWgaTileBytes;
       const uint16_t* s = rows + (src >= 0 ? src : 0) * kWgaD;
@@ -159,7 +181,9 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
   const float scale = 1.0f / sqrtf(static_cast<float>(kWgaD));
   const int h0 = 16 * wq + g;  // this thread's heads h0, h0 + 8 (accumulator rows)
   float m_run[2] = {-INFINITY, -INFINITY}, z_run[2] = {0.0f, 0.0f};
-  float Mh[2] = {0.0f, 0.0f}, Zh[2] = {1.0f, 1.0f};
+  float Mh[2] = {0.0f, 0.0f}, rZ[2] = {1.0f, 1.0f};  // per head: M and 1 / Z
+  const WgaDesc qd = wga_desc(Qs, 1024, 128), pd = wga_desc(Ps, 1024, 128);
+  const WgaDesc kd = wga_desc(tiles, 1024, 128), vd = wga_desc(tiles, 128, 1024);  // B of QK / PV, buffer 0
   float o[4][32];
 #pragma unroll
   for (int c = 0; c < 4; ++c)
@@ -176,7 +200,11 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // st.shared / cp.async -> the wgmma reads
     __syncthreads();     // every thread's copies of tile k (and of Q, the first time)
     const int buf = k & 1;
-    const uint8_t* tile = tiles + buf * kWgaTileBytes;
+    const uint32_t boff = static_cast<uint32_t>(buf * (kWgaTileBytes >> 4));
+    const WgaDesc kb{kd.lo + boff, kd.hi}, vb{vd.lo + boff, vd.hi};
+    bool vf[8];  // validity of this thread's 8 tile rows 32 wg + 8 ni + 2 t + q
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vf[e] = valid[buf][32 * wg + 8 * (e >> 1) + 2 * t + (e & 1)] != 0;
     if (k == T) {  // merge: (M, Z) per head from both warpgroups' statistics and the sink
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -187,14 +215,14 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
         float Z = expf(sink - M);
         if (m0 != -INFINITY) Z += stat_z[0][h] * expf(m0 - M);
         if (m1 != -INFINITY) Z += stat_z[1][h] * expf(m1 - M);
-        Mh[hh] = M, Zh[hh] = Z;
+        Mh[hh] = M, rZ[hh] = 1.0f / Z;
       }
     }
     // S for this warpgroup's 32 rows: s[4 ni + 2 hh + q] = head h0 + 8 hh, tile row 32 wg + 8 ni + 2 t + q.
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int ks = 0; ks < kWgaD / 16; ++ks)
-      wgmma_bf16_n32(s, wg_desc(Qs + 2 * ks * 1024, 1024, 128), wg_desc(tile + 2 * ks * 1024 + wg * 512, 1024, 128), ks > 0);
+      wgmma_bf16_n32(s, wga_at(qd, 2 * ks * 1024), wga_at(kb, 2 * ks * 1024 + wg * 512), ks > 0);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wga_fence(s);
@@ -206,8 +234,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const int r = 32 * wg + 8 * ni + 2 * t + q;
-            const float x = valid[buf][r] ? s[4 * ni + 2 * hh + q] * scale : -INFINITY;
+            const float x = vf[2 * ni + q] ? s[4 * ni + 2 * hh + q] * scale : -INFINITY;
             v[2 * ni + q] = x;
             mx = fmaxf(mx, x);
           }
@@ -217,7 +244,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
         if (mn != -INFINITY) {
           float z = m_run[hh] != -INFINITY ? z_run[hh] * expf(m_run[hh] - mn) : 0.0f;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) z += v[e] != -INFINITY ? expf(v[e] - mn) : 0.0f;
+          for (int e = 0; e < 8; ++e) z += expf(v[e] - mn);  // 0 for a skipped row (-inf)
           z_run[hh] = z, m_run[hh] = mn;
         }
       }
@@ -231,7 +258,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
         }
       }
     } else {
-      // p = BF16(exp(S - M) / Z) into P (A of PV: heads x tile rows), then O += P . V.
+      // p = BF16(exp(S - M) x (1 / Z)) into P (A of PV: heads x tile rows), then O += P . V.
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -240,7 +267,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
           float p[2];
 #pragma unroll
           for (int q = 0; q < 2; ++q)
-            p[q] = valid[buf][r + q] ? expf(s[4 * ni + 2 * hh + q] * scale - Mh[hh]) / Zh[hh] : 0.0f;
+            p[q] = vf[2 * ni + q] ? expf(s[4 * ni + 2 * hh + q] * scale - Mh[hh]) * rZ[hh] : 0.0f;
           *reinterpret_cast<uint32_t*>(Ps + wga_off(h0 + 8 * hh, r)) = pack_bf16x2(p[0], p[1]);
         }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -250,8 +277,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
       for (int ks = 0; ks < kWgaRows / 16; ++ks)
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-          wgmma_bf16_n64_tb(o[c], wg_desc(Ps + 2 * ks * 1024, 1024, 128),
-                            wg_desc(tile + 2 * ks * 128 + (32 * wg + 8 * c) * 1024, 128, 1024));
+          wgmma_bf16_n64_tb(o[c], wga_at(pd, 2 * ks * 1024), wga_at(vb, 2 * ks * 128 + (32 * wg + 8 * c) * 1024));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll

@@ -1317,18 +1317,22 @@ TEST(CudaOps, TopkExactTies) {
 }
 
 // ---- lightning indexer: 64 heads x 128 dims over 2048 (8K context) and 4096 keys, top-512 ------------------------
-// Two tokens (prefill kernel) against the CPU; the second token alone (decode kernel) must give the same bits.
-void run_indexer(int64_t nkeys) {
+// n tokens (prefill kernel) against the CPU; the last token alone (decode kernel) must give the same bits. Official
+// keys are FP4-grid values, as the model caches them (Hadamard + MXFP4 simulation). A prefill-sized n in official
+// numerics takes the wgmma kernel (indexer_wg.cuh), which must also give the FMA kernel's bits.
+void run_indexer(int64_t nkeys, int n = 2) {
   std::mt19937 g(9);
-  const int Hi = 64, K = 512, n = 2, ratio = 4, R = 64;
+  const int Hi = 64, K = 512, ratio = 4, R = 64;
   const int64_t Di = 128, pos0 = nkeys * 4 - n;
   vector<float> inv(R / 2);
   for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(160000.0f, 2.0f * i / R);
   vector<float> q0 = randn(static_cast<size_t>(n * Hi * Di), g), wts = randn(static_cast<size_t>(n * Hi), g),
-                keys = randn(static_cast<size_t>(nkeys * Di), g);
+                keys0 = randn(static_cast<size_t>(nkeys * Di), g);
   for (bool official : {false, true}) {
-    vector<float> q = q0, w = wts;
+    vector<float> q = q0, w = wts, keys = keys0;
     if (official) num::round_bf16(w.data(), static_cast<int64_t>(w.size()));
+    if (official)
+      for (int64_t kk = 0; kk < nkeys; ++kk) num::fp4_sim(keys.data() + kk * Di, Di);
     const int64_t ld = (pos0 + n) / ratio;
     vector<float> ref(static_cast<size_t>(n * ld), -std::numeric_limits<float>::infinity());
     for (int i = 0; i < n; ++i) {
@@ -1364,9 +1368,23 @@ void run_indexer(int64_t nkeys) {
     cu::indexer_q_prep(dq.p, n, Hi, Di, R, dinv.p, pos0, official, nullptr);
     auto qg = dq.get();
     expect_close(qg, q, official, "indexer q prep (rope/hadamard/sim4)");
+    const bool wg = cu::indexer_uses_wg(n, Hi, Di, official, nullptr);
+    EXPECT_EQ(wg, official && n >= cu::kGemmMinTokens && cu::prefill_gemm_enabled()) << "official prefill: the wgmma kernel";
     cu::indexer_scores(dq.p, dw.p, dk.p, n, Hi, Di, pos0, ratio, nkeys, official, dsc.p, ld, nullptr);
     cu::topk_rows(dsc.p, n, ld, pos0, ratio, K, dtop.p, nullptr);
     auto sg = dsc.get();
+    if (wg) {  // the FMA kernel on the same inputs: the same bits
+      DBuf<float> dv2(ref.size());
+      cu::set_indexer_wg(false);
+      cu::indexer_scores(dq.p, dw.p, dk.p, n, Hi, Di, pos0, ratio, nkeys, official, dv2.p, ld, nullptr);
+      cu::set_indexer_wg(true);
+      const auto v2 = dv2.get();
+      size_t same = 0;
+      for (size_t e = 0; e < v2.size(); ++e) same += std::memcmp(&v2[e], &sg[e], sizeof(float)) == 0;
+      EXPECT_EQ(same, v2.size()) << "indexer wgmma vs FMA kernel, " << nkeys << " keys, n " << n;
+      std::printf("[op] indexer wgmma vs FMA kernel n=%d, %lld keys: %zu of %zu scores bit-identical\n", n,
+                  static_cast<long long>(nkeys), same, v2.size());
+    }
     vector<float> fin_g, fin_r;
     for (size_t i = 0; i < ref.size(); ++i)
       if (std::isfinite(ref[i])) fin_g.push_back(sg[i]), fin_r.push_back(ref[i]);
@@ -1390,18 +1408,29 @@ void run_indexer(int64_t nkeys) {
     // Decode: the last token alone (KEYS = 16 blocks) reproduces its prefill row and top-k exactly.
     DBuf<float> dsc1(static_cast<size_t>(ld));
     DBuf<int32_t> dtop1(static_cast<size_t>(K));
-    cu::indexer_scores(dq.p + Hi * Di, dw.p + Hi, dk.p, 1, Hi, Di, pos0 + 1, ratio, nkeys, official, dsc1.p, ld, nullptr);
-    cu::topk_rows(dsc1.p, 1, ld, pos0 + 1, ratio, K, dtop1.p, nullptr);
+    const int last = n - 1;
+    cu::indexer_scores(dq.p + last * Hi * Di, dw.p + last * Hi, dk.p, 1, Hi, Di, pos0 + last, ratio, nkeys, official,
+                       dsc1.p, ld, nullptr);
+    cu::topk_rows(dsc1.p, 1, ld, pos0 + last, ratio, K, dtop1.p, nullptr);
     auto s1 = dsc1.get();
     auto t1 = dtop1.get();
-    EXPECT_EQ(0, std::memcmp(s1.data(), sg.data() + ld, static_cast<size_t>(ld) * sizeof(float)))
+    EXPECT_EQ(0, std::memcmp(s1.data(), sg.data() + last * ld, static_cast<size_t>(ld) * sizeof(float)))
         << "decode scores differ from prefill's, " << nkeys << " keys";
-    EXPECT_TRUE(std::equal(t1.begin(), t1.end(), tg.begin() + K)) << "decode top-k differs from prefill's";
+    EXPECT_TRUE(std::equal(t1.begin(), t1.end(), tg.begin() + last * K)) << "decode top-k differs from prefill's";
   }
 }
 TEST(CudaOps, IndexerScoresAndTopk) {
   run_indexer(2048);
   run_indexer(4096);
+}
+// Prefill chunks (official: the wgmma kernel): a chunk not a multiple of the kernel's 4 queries, keys not a multiple
+// of its 64-key tiles; the CPU, the FMA kernel's bits, decode's bits.
+TEST(CudaOps, IndexerScoresPrefillChunk) {
+  const bool was_on = cu::prefill_gemm_enabled();
+  cu::set_prefill_gemm(true);
+  run_indexer(2048, 37);
+  run_indexer(1000, 18);
+  cu::set_prefill_gemm(was_on);
 }
 
 // ---- mHC pre (Sinkhorn + collapse + RMSNorm) and post ----------------------------------------------------------

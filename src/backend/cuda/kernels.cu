@@ -2115,6 +2115,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/moe_f8.cuh"
 #include "backend/cuda/moe_wg.cuh"
 #include "backend/cuda/attend_wg.cuh"
+#include "backend/cuda/indexer_wg.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -2563,6 +2564,19 @@ void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const flo
   DSV4_LAUNCHED();
 }
 
+namespace {
+// The wgmma prefill kernel (indexer_wg.cuh) unless DSV4_INDEXER_WG=0 (A/B) or set_indexer_wg(false) (tests).
+std::atomic<bool> g_indexer_wg{[] {
+  const char* e = std::getenv("DSV4_INDEXER_WG");
+  return !(e && std::string(e) == "0");
+}()};
+}  // namespace
+void set_indexer_wg(bool on) { g_indexer_wg.store(on, std::memory_order_relaxed); }
+bool indexer_uses_wg(int n, int heads, int64_t Di, bool official, const int64_t* dpos) {
+  return g_indexer_wg.load(std::memory_order_relaxed) && official && !dpos && n >= kGemmMinTokens &&
+         heads == kIwHeads && Di == kIwDi && prefill_gemm_enabled();
+}
+
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
                     int ratio, int64_t n_keys, bool official, float* scores, int64_t ld, cudaStream_t s,
                     const int64_t* dpos) {
@@ -2570,6 +2584,13 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
   if (Di % 4 != 0 || heads > kIdxMaxHeads)
     fail("indexer: head dim ", Di, " must be a multiple of 4 and heads ", heads, " at most ", kIdxMaxHeads);
   if (!aligned16(q) || !aligned16(keys)) fail("indexer: queries and keys must be 16-byte aligned");
+  if (indexer_uses_wg(n, heads, Di, official, dpos)) {
+    allow_smem(indexer_wg_kernel, kIwSmem);
+    launch(indexer_wg_kernel, static_cast<unsigned>((n + kIwQueries - 1) / kIwQueries), 256, kIwSmem, s, q, wts, keys, n,
+           pos0, ratio, n_keys, official, scores, ld);
+    DSV4_LAUNCHED();
+    return;
+  }
   if (n == 1 && heads == kIdxMaxHeads) {  // decode: 4x the blocks (queries staged per block; one token's are 32 KB)
     const size_t sm = static_cast<size_t>(idx_smem_floats(16, heads, Di)) * 4;
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);

@@ -215,6 +215,10 @@ void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const flo
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
                     int ratio, int64_t n_keys, bool official, float* scores, int64_t ld_scores, cudaStream_t s,
                     const int64_t* dpos = nullptr);
+// Official prefill chunks with 64 heads of 128 dims take the wgmma kernel (indexer_wg.cuh: the same bits as the FMA
+// kernel, which decode keeps) unless DSV4_INDEXER_WG=0 / set_indexer_wg(false).
+void set_indexer_wg(bool on);
+bool indexer_uses_wg(int n, int heads, int64_t Di, bool official, const int64_t* dpos);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
                cudaStream_t s, const int64_t* dpos = nullptr);
 

@@ -1118,6 +1118,26 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
                     100.0 * static_cast<double>(same) / static_cast<double>(got.size()));
         EXPECT_LE(st.rel, 1e-3);
       }
+      // attn_out's inverse RoPE fused into the wgmma kernel's epilogue: o bit for bit norm_rope(inverse) of the
+      // unfused o, at every query's position.
+      {
+        ASSERT_TRUE(cu::attend_derope_fusable(a));
+        const int R = 64;
+        vector<float> inv(R / 2);
+        for (int k2 = 0; k2 < R / 2; ++k2) inv[k2] = 1.0f / std::pow(10000.0f, 2.0f * k2 / R);
+        DBuf<float> dinv(inv), want_d(ref.size()), o_d(ref.size());
+        cu::NormRopeArgs nr;
+        nr.x = dout.p, nr.y = want_d.p, nr.rows = n * H, nr.rows_per_token = H, nr.len = D, nr.do_norm = false;
+        nr.rope_dim = R, nr.inv_freq = dinv.p, nr.pos0 = pos0, nr.inverse = true, nr.official = official;
+        cu::norm_rope(nr, nullptr);
+        cu::AttendArgs b = a;
+        b.o = o_d.p, b.derope_inv_freq = dinv.p, b.derope_dim = R;
+        cu::fill_f32(o_d.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
+        cu::attend(b, nullptr);
+        const vector<float> wd = want_d.get(), gd = o_d.get();
+        EXPECT_EQ(std::memcmp(gd.data(), wd.data(), wd.size() * sizeof(float)), 0) << what << " + derope";
+        EXPECT_NE(std::memcmp(wd.data(), dout.get().data(), wd.size() * sizeof(float)), 0) << what << ": the RoPE changed nothing";
+      }
       // The split-KV kernels on the same inputs: the same function up to fp32 summation order, so only rare BF16
       // rounding flips (of p or of the output) may differ.
       DBuf<float> dsplit(ref.size());
@@ -1750,6 +1770,58 @@ TEST(CudaOps, Compressors) {
     run_compressor(4, 128, true, false, off, 9);
     run_compressor(128, 512, false, true, off, 5);  // HCA: several entries per chunk, chunks that emit none
   }
+}
+
+// ---- many rows (prefill's query heads): a warp per row, the block kernel's bits -----------------------------------
+// norm_rope takes norm_rope_warp_kernel from 256 rows of len % 128 == 0 (no SIM8); norm_rope2 always the block
+// kernel. Queries (64 heads per token: norm without weight, RoPE), the inverse RoPE alone (attn_out), a weighted
+// norm without RoPE at len 1024; reference and official numerics; in place and not; and the CPU for the first case.
+TEST(CudaOps, NormRopeWarpPerRow) {
+  std::mt19937 g(14);
+  const int R = 64;
+  vector<float> inv(R / 2);
+  for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / R);
+  struct Case {
+    int rows, per_token;
+    int64_t len;
+    bool norm, weight, rope, inverse;
+  };
+  for (const Case& c : {Case{64 * 9, 64, 512, true, false, true, false}, Case{32 * 10, 32, 512, false, false, true, true},
+                        Case{300, 1, 1024, true, true, false, false}})
+    for (bool official : {false, true})
+      for (bool in_place : {false, true}) {
+        vector<float> x = randn(static_cast<size_t>(c.rows * c.len), g, 2.0f), w = randn(static_cast<size_t>(c.len), g, 0.1f);
+        for (auto& v : w) v += 1.0f;
+        DBuf<float> dx(x), dx2(x), dw(w), dinv(inv), dy(x.size()), dy2(x.size());
+        cu::NormRopeArgs a;
+        a.x = dx.p, a.y = in_place ? dx.p : dy.p, a.rows = c.rows, a.rows_per_token = c.per_token, a.len = c.len;
+        a.do_norm = c.norm, a.w = c.weight ? dw.p : nullptr, a.eps = 1e-6, a.rope_dim = c.rope ? R : 0;
+        a.inv_freq = c.rope ? dinv.p : nullptr, a.pos0 = 4090, a.inverse = c.inverse, a.official = official;
+        cu::norm_rope(a, nullptr);
+        cu::NormRopeArgs b = a;
+        b.x = dx2.p, b.y = in_place ? dx2.p : dy2.p;
+        cu::norm_rope2(b, cu::NormRopeArgs{}, nullptr);
+        const vector<float> got = in_place ? dx.get() : dy.get(), want = in_place ? dx2.get() : dy2.get();
+        const std::string what = std::string("norm_rope warp per row: rows ") + std::to_string(c.rows) + " len " +
+                                 std::to_string(c.len) + (official ? " official" : " reference") + (in_place ? " in place" : "");
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+        if (c.per_token == 64) {  // the CPU: per-head RMS norm (no weight), RoPE at the token's position
+          vector<float> ref = x;
+          for (int r = 0; r < c.rows; ++r) {
+            float* k = ref.data() + r * c.len;
+            cpu::rms_norm(k, c.len, nullptr, 1e-6, k);
+            if (official) num::round_bf16(k, c.len);
+            for (int p = 0; p < R / 2; ++p) {
+              float ang = static_cast<float>(4090 + r / 64) * inv[p], cs = std::cos(ang), sn = std::sin(ang);
+              float a0 = k[c.len - R + 2 * p], b0 = k[c.len - R + 2 * p + 1];
+              k[c.len - R + 2 * p] = a0 * cs - b0 * sn;
+              k[c.len - R + 2 * p + 1] = a0 * sn + b0 * cs;
+            }
+            if (official) num::round_bf16(k + c.len - R, R);
+          }
+          expect_close(got, ref, official, what.c_str());
+        }
+      }
 }
 
 // ---- per-row norm + RoPE (+ SIM8): the kv path at D=512 ----------------------------------------------------------

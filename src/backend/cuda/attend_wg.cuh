@@ -285,18 +285,30 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
     }
   }
   cp_async_wait<0>();
-  // o[c][4 ni + 2 hh + q] (ni 0..7): head h0 + 8 hh, dim 256 wg + 64 c + 8 ni + 2 t + q.
+  // o[c][4 ni + 2 hh + q] (ni 0..7): head h0 + 8 hh, dim 256 wg + 64 c + 8 ni + 2 t + q -- whole RoPE pairs (even
+  // dim, next), so a.derope_inv_freq applies attn_out's inverse RoPE here, as norm_rope does it (rope_pair at the
+  // query's position, then [official] BF16): bit for bit, and one pass over o less.
+  const int nope = a.derope_inv_freq ? kWgaD - a.derope_dim : kWgaD;
+  const float fp = static_cast<float>(a.pos0 + i);
+  float* o0 = a.o + (static_cast<int64_t>(i) * H + h0) * kWgaD + 256 * wg + 2 * t;  // head h0; h0 + 8 at + 8 rows
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int h = h0 + 8 * hh;
-    if (h >= H) continue;
-    float* oh = a.o + (static_cast<int64_t>(i) * H + h) * kWgaD + 256 * wg + 2 * t;
+  for (int c = 0; c < 4; ++c)
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
+    for (int ni = 0; ni < 8; ++ni) {
+      const int e = 256 * wg + 64 * c + 8 * ni + 2 * t;
+      float cs = 1.0f, sn = 0.0f;
+      const bool rot = e >= nope;
+      if (rot) rope_angle(fp, __ldg(a.derope_inv_freq + (e - nope) / 2), true, cs, sn);  // once for both heads
 #pragma unroll
-      for (int ni = 0; ni < 8; ++ni) {
-        const float x0 = o[c][4 * ni + 2 * hh], x1 = o[c][4 * ni + 2 * hh + 1];
-        *reinterpret_cast<float2*>(oh + 64 * c + 8 * ni) = a.official ? make_float2(bf16r(x0), bf16r(x1)) : make_float2(x0, x1);
+      for (int hh = 0; hh < 2; ++hh) {
+        if (h0 + 8 * hh >= H) continue;
+        float x0 = o[c][4 * ni + 2 * hh], x1 = o[c][4 * ni + 2 * hh + 1];
+        if (a.official) x0 = bf16r(x0), x1 = bf16r(x1);
+        if (rot) {  // = rope_pair(x0, x1, fp, inv_freq, true), then [official] BF16
+          rope_apply(x0, x1, cs, sn);
+          if (a.official) x0 = bf16r(x0), x1 = bf16r(x1);
+        }
+        *reinterpret_cast<float2*>(o0 + hh * 8 * kWgaD + 64 * c + 8 * ni) = make_float2(x0, x1);
       }
-  }
+    }
 }

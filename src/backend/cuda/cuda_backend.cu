@@ -748,8 +748,9 @@ class CudaBackend final : public Backend {
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
     const bool fuse_store = n == 1 && cuda::attend_store_fuse_enabled();
     if (fuse_store) a.store_ring = S.ring;
-    // ... and applies attn_out's inverse RoPE to o, whose norm_rope launch attn_out then skips.
-    const bool derope = n == 1 && cuda::attend_derope_fuse_enabled();
+    // ... and (decode, and official prefill chunks on the wgmma kernel) applies attn_out's inverse RoPE to o, whose
+    // norm_rope launch attn_out then skips.
+    const bool derope = cuda::attend_derope_fuse_enabled() && cuda::attend_derope_fusable(a);
     if (derope) a.derope_inv_freq = L.inv_freq, a.derope_dim = static_cast<int>(c_.rope_dim);
     cuda::attend(a, s_);
     if (fuse_store) stored_rows_.push_back(StoredRow{S.ring, kv, pos0});
@@ -778,8 +779,8 @@ class CudaBackend final : public Backend {
     // Sized on every path: a switch flipped between a graph's warm-up and its capture must not grow it in capture.
     float* ur = scratch(5, static_cast<size_t>(n) * H * D);
     const auto done = std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o, pos0});
-    if (n == 1 && done != deroped_.end()) {
-      deroped_.erase(done);  // the attention's merge kernel applied the inverse RoPE already
+    if (done != deroped_.end()) {
+      deroped_.erase(done);  // the attention kernel applied the inverse RoPE already
     } else {
       OpScope sub(this, "attn_out/derope", true);
       cuda::NormRopeArgs a;

@@ -146,12 +146,20 @@ __device__ __forceinline__ void block_hadamard(float* x, int n) {
 // RoPE on interleaved pairs of x[0..2*pairs) at position pos (fp32 angle pos * inv_freq, like rope.cpp).
 // One RoPE pair (a, b) of pair index i at position fp: explicit roundings, so that every kernel that rotates a pair
 // (norm_rope's block_rope, the attention merge's fused inverse RoPE) computes the same bits.
-__device__ __forceinline__ void rope_pair(float& a, float& b, float fp, float inv_freq_i, bool inverse) {
+// rope_angle + rope_apply = rope_pair, split for callers that rotate several pairs by one angle.
+__device__ __forceinline__ void rope_angle(float fp, float inv_freq_i, bool inverse, float& c, float& s) {
   const float ang = __fmul_rn(fp, inv_freq_i);
-  const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
+  c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
+}
+__device__ __forceinline__ void rope_apply(float& a, float& b, float c, float s) {
   const float a0 = a, b0 = b;
   a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
   b = __fadd_rn(__fmul_rn(a0, s), __fmul_rn(b0, c));
+}
+__device__ __forceinline__ void rope_pair(float& a, float& b, float fp, float inv_freq_i, bool inverse) {
+  float c, s;
+  rope_angle(fp, inv_freq_i, inverse, c, s);
+  rope_apply(a, b, c, s);
 }
 __device__ __forceinline__ void block_rope(float* x, const float* inv_freq, int pairs, int64_t pos, bool inverse) {
   const float fp = static_cast<float>(pos);

@@ -382,6 +382,66 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   for (int i = threadIdx.x; i < len; i += blockDim.x) y[i] = v[i];
 }
 
+// norm_rope for many rows (prefill: the queries' 64 heads per token, 524K rows of 512 in an 8K chunk): one WARP per
+// row, no barriers, where norm_rope_kernel gave every row a 128-thread block (ncu: 1.14 ms per layer, 38 % of DRAM
+// bandwidth). The same bits as norm_rope_kernel: lane l holds elements l + 32 m, i.e. the four threads l + 32 j of the
+// block kernel (elements l + 32 j + 128 k), whose double sums of squares are formed in that kernel's order (each
+// thread's own elements, then warp j's xor tree, then warps 0..3 in order); the scaling, the roundings and rope_pair
+// are the block kernel's, a RoPE pair's two elements in lanes l, l + 1. len % 128 == 0, len <= kNrwMaxLen, no SIM8.
+constexpr int kNrwMaxLen = 1024;
+constexpr int kNrwRows = 8;  // rows (warps) per block
+constexpr int kNrwMinRows = 256;  // fewer (decode) keep the block kernel
+__global__ void __launch_bounds__(32 * kNrwRows) norm_rope_warp_kernel(NormRopeArgs a) {
+  const int lane = threadIdx.x & 31, row = blockIdx.x * kNrwRows + (threadIdx.x >> 5);
+  constexpr int kM = kNrwMaxLen / 32;
+  const int len = static_cast<int>(a.len), M = len / 32, R = static_cast<int>(a.rope_dim), nope = len - R;
+  pdl_wait();
+  if (row >= a.rows) return;
+  const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
+  const float* x = a.x + static_cast<int64_t>(row) * len;
+  float v[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) v[m] = m < M ? x[lane + 32 * m] : 0.0f;
+  if (a.do_norm) {
+    double total = 0.0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // block thread lane + 32 j: elements lane + 32 (j + 4 k)
+      double ss = 0.0;
+#pragma unroll
+      for (int m = j; m < kM; m += 4)
+        if (m < M) ss += static_cast<double>(v[m]) * v[m];
+      total += warp_sum_d(ss);
+    }
+    const float r = static_cast<float>(1.0 / sqrt(total / static_cast<double>(len) + a.eps));
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+      if (m < M) {
+        v[m] = a.w ? v[m] * r * __ldg(a.w + lane + 32 * m) : v[m] * r;
+        if (a.official) v[m] = bf16r(v[m]);
+      }
+  }
+  if (R > 0) {
+    const float fp = static_cast<float>(pos0 + row / a.rows_per_token);
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      const int e = lane + 32 * m;
+      const float other = __shfl_xor_sync(0xffffffffu, v[m], 1);  // the pair's other element
+      if (m < M && e >= nope) {
+        float c, sn;
+        rope_angle(fp, __ldg(a.inv_freq + (e - nope) / 2), a.inverse, c, sn);
+        float p0 = (lane & 1) ? other : v[m], p1 = (lane & 1) ? v[m] : other;
+        rope_apply(p0, p1, c, sn);
+        v[m] = (lane & 1) ? p1 : p0;
+        if (a.official) v[m] = bf16r(v[m]);
+      }
+    }
+  }
+  float* y = a.y + static_cast<int64_t>(row) * len;
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+    if (m < M) y[lane + 32 * m] = v[m];
+}
+
 __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X) {
   pdl_wait();
   const int64_t total = static_cast<int64_t>(n) * hc * d;
@@ -413,7 +473,19 @@ constexpr int kHcSliceCols = 128;  // 32 lanes x 4 columns
 // Tokens per mix block (prefill): the block's fn slice (24 rows x 512 floats, in registers) serves this many tokens;
 // one token per block re-read the whole 1.5 MB of fn from L2 for every token (3 GB per 2048-token chunk and call:
 // hc_pre + hc_post_pre were 105 ms of a 20-layer 8K prefill). The per-token arithmetic is unchanged.
-constexpr int kHcTokensPerBlock = 8;
+// 8 -> 32 (session 16, one H200, 20 Flash layers, 8K prefill, one run each): hc_post_pre 71.7 ms at 8, 69.8 at 32,
+// 73.8 at 128, 83.6 at 2.
+constexpr int kHcTokensPerBlock = 32;
+// DSV4_HC_TPB=N: N tokens per mix block instead (A/B; the per-token arithmetic, hence the bits, do not change).
+int hc_tokens_per_block() {
+  static const int v = [] {
+    const char* e = std::getenv("DSV4_HC_TPB");
+    const int t = e ? std::atoi(e) : kHcTokensPerBlock;
+    if (t < 1 || t > 4096) fail("DSV4_HC_TPB must be 1..4096 (got '", e ? e : "", "')");
+    return t;
+  }();
+  return v;
+}
 constexpr int kHcMaxMix = 32;
 constexpr int kHcPostMix = 24;  // mix rows of a non-head pre at hc <= 4: (2 + hc) * hc
 static_assert(kHcPostMix <= kHcMaxMix);
@@ -426,17 +498,41 @@ __device__ __forceinline__ float hc_dot4(float4 a, float4 b) {
 // One slice's partials (rows r0 .. r0 + R - 1 of the mix, from this thread's fn values f and stream values xv; the
 // sum of squares when with_ss), summed over lanes and then over the block's warps in warp order. Both mix kernels use
 // it, so a pre gives bit-identical results whether or not it was fused with the post before it.
+// The lane sums are a reduce-scatter butterfly (hc_rs_step): each xor step halves the values a lane carries, so the
+// R + 1 sums of a token cost 31 shuffles (R + 1 <= 32; 16 + 15 for <= 16) instead of 5 per sum (the prefill mix was
+// shuffle-bound: 1.34 ms per call at 8K, ncu). Every sum is formed over the same xor tree as warp_sum (offsets 16, 8,
+// 4, 2, 1), so the bits are warp_sum's.
+template <int N>
+__device__ __forceinline__ void hc_rs_step(float* v, int lane) {  // N values -> N / 2: lane keeps its half's sums
+  constexpr int h = N / 2;
+  const bool up = (lane & h) != 0;
+#pragma unroll
+  for (int i = 0; i < h; ++i) {
+    const float keep = up ? v[i + h] : v[i], send = up ? v[i] : v[i + h];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, h);
+  }
+}
 template <int R>
 __device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 xv, int r0, int nmix, bool with_ss,
                                                   float (*red)[R + 1], float* out) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  const float ss = warp_sum(hc_dot4(xv, xv));
-  if (lane == 0) red[warp][R] = ss;
+  constexpr int V = R + 1 <= 16 ? 16 : 32;  // values per lane: the R row sums and the sum of squares (index R), padded
+  static_assert(R + 1 <= 32, "one butterfly");
+  float v[V];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float v = warp_sum(hc_dot4(f[r], xv));
-    if (lane == 0) red[warp][r] = v;
+  for (int r = 0; r < V; ++r) v[r] = r < R ? hc_dot4(f[r], xv) : (r == R ? hc_dot4(xv, xv) : 0.0f);
+  if constexpr (V == 32) {
+    hc_rs_step<32>(v, lane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 16);
   }
+  hc_rs_step<16>(v, lane);
+  hc_rs_step<8>(v, lane);
+  hc_rs_step<4>(v, lane);
+  hc_rs_step<2>(v, lane);
+  const int row = lane & (V - 1);  // lane l now holds the warp's sum of value l (V = 16: lanes l and l + 16)
+  if (row <= R && lane < V) red[warp][row] = v[0];
   __syncthreads();
   auto over_warps = [&](int r) {
     float v = red[0][r];
@@ -447,7 +543,7 @@ __device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 x
   if (with_ss && threadIdx.x == R) out[kHcMaxMix] = over_warps(R);
 }
 
-__global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial) {
+__global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial, int tpb) {
   // pdl_wait() after the loads of fn (constant weights): they overlap the previous kernel's tail.
   // grid (slices, token groups, mix-row groups of 8): the 1.5 MB of fn is streamed by 3x more blocks than slices alone would
   // give, each thread with its 8 float4 loads in flight (the v2 kernel was latency-bound at 32 blocks).
@@ -462,8 +558,8 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   for (int r = 0; r < 8; ++r)
     f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
   pdl_wait();
-  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * kHcTokensPerBlock);
-  for (int t = blockIdx.y * kHcTokensPerBlock; t < t1; ++t) {
+  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * tpb);
+  for (int t = blockIdx.y * tpb; t < t1; ++t) {
     const float4 xv = inb ? *reinterpret_cast<const float4*>(a.X + t * nf + e) : z4;
     float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
     hc_slice_partials<8>(f, xv, rb, nmix, blockIdx.z == 0, red, out);
@@ -554,7 +650,8 @@ __device__ __forceinline__ float hc_post_value(float post_k, float y, const floa
 // All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
 // them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
 __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
-                                                           HcPreArgs a, int nmix, int nslices, float* partial, HcCombIn ci) {
+                                                           HcPreArgs a, int nmix, int nslices, float* partial, HcCombIn ci,
+                                                           int tpb) {
   __shared__ float red[4][kHcPostMix + 1];
   const int sl = blockIdx.x, hc = a.hc, k = threadIdx.x >> 5;
   const int64_t d = a.d, nf = hc * d;
@@ -570,8 +667,8 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
   float cl[4][4];
   if (deferred) hc_comb_from_logits(comb, 0, ci.eps, ci.sinkhorn_iters, cl);
   pdl_wait();
-  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * kHcTokensPerBlock);
-  for (int t = blockIdx.y * kHcTokensPerBlock; t < t1; ++t) {
+  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * tpb);
+  for (int t = blockIdx.y * tpb; t < t1; ++t) {
     float* Xt = X + t * nf;
     float4 xs[4];
     float comb_k[4];
@@ -2461,7 +2558,16 @@ void fill_f32(float* x, int64_t n, float v, cudaStream_t s) {
   DSV4_LAUNCHED();
 }
 
-void norm_rope(const NormRopeArgs& a, cudaStream_t s) { norm_rope2(a, NormRopeArgs{}, s); }
+void norm_rope(const NormRopeArgs& a, cudaStream_t s) {
+  // Many rows: a warp per row (the same bits; norm_rope_warp_kernel). The nope part's SIM8 stays on the block kernel.
+  if (a.rows >= kNrwMinRows && a.len % 128 == 0 && a.len <= kNrwMaxLen && !(a.official && a.sim8_block > 0) &&
+      a.rope_dim % 2 == 0 && a.rope_dim <= a.len) {
+    launch(norm_rope_warp_kernel, static_cast<unsigned>((a.rows + kNrwRows - 1) / kNrwRows), 32 * kNrwRows, 0, s, a);
+    DSV4_LAUNCHED();
+    return;
+  }
+  norm_rope2(a, NormRopeArgs{}, s);
+}
 
 void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s) {
   if (a.rows < 0 || b.rows < 0 || a.rows + b.rows <= 0) return;
@@ -2508,8 +2614,9 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.comb_logits && (a.n != 1 || a.hc != 4 || a.head)) fail("hc_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_pre");
-  const unsigned tgroups = static_cast<unsigned>((a.n + kHcTokensPerBlock - 1) / kHcTokensPerBlock);
-  launch(hc_mix_kernel, dim3(nslices, tgroups, (nmix + 7) / 8), 32 * a.hc, 0, s, a, nmix, nslices, a.partial);
+  const int tpb = hc_tokens_per_block();
+  const unsigned tgroups = static_cast<unsigned>((a.n + tpb - 1) / tpb);
+  launch(hc_mix_kernel, dim3(nslices, tgroups, (nmix + 7) / 8), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }
@@ -2532,8 +2639,9 @@ void hc_post_pre(const float* y, const float* post, const float* comb, float* X,
   if (ci.sinkhorn_iters >= 0 && (a.n != 1 || a.hc != 4))
     fail("hc_post_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_post_pre");
-  const unsigned tgroups = static_cast<unsigned>((a.n + kHcTokensPerBlock - 1) / kHcTokensPerBlock);
-  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, ci);
+  const int tpb = hc_tokens_per_block();
+  const unsigned tgroups = static_cast<unsigned>((a.n + tpb - 1) / tpb);
+  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, ci, tpb);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }
@@ -2708,6 +2816,10 @@ int64_t attend_wg_scratch_floats(const AttendArgs& a) {
 void set_attend_wg(bool on) { g_attend_wg.store(on, std::memory_order_relaxed); }
 bool attend_wg_enabled() { return g_attend_wg.load(std::memory_order_relaxed); }
 
+bool attend_derope_fusable(const AttendArgs& a) {
+  return attend_uses_tc(a) ? attend_wg_enabled() : a.n == 1;
+}
+
 int64_t attend_scratch_floats(const AttendArgs& a) {
   if (attend_uses_tc(a) && attend_wg_enabled()) return attend_wg_scratch_floats(a);
   return attend_scratch_floats(a.n, a.H, a.D, a.max_rows);
@@ -2724,9 +2836,10 @@ void attend(const AttendArgs& a, cudaStream_t s) {
     fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned");
   // The fused inverse RoPE and window store are done by the split-KV merge kernel (one token never takes the
   // tensor-core path).
-  if (a.derope_inv_freq && (a.n != 1 || attend_uses_tc(a) || a.derope_dim <= 0 || a.derope_dim % 2 != 0 ||
+  if (a.derope_inv_freq && (!attend_derope_fusable(a) || a.derope_dim <= 0 || a.derope_dim % 2 != 0 ||
                             a.derope_dim > a.D || (a.D - a.derope_dim) % 2 != 0))
-    fail("attention: the fused inverse RoPE takes one token and an even rope dim <= the head dim (", a.derope_dim, ")");
+    fail("attention: the fused inverse RoPE takes one token or the wgmma prefill kernel, and an even rope dim <= the "
+         "head dim (", a.derope_dim, ")");
   if (a.store_ring && (a.n != 1 || a.store_ring != a.ring || attend_uses_tc(a)))
     fail("attention: the fused window store takes one token and the attention's own ring");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4

@@ -249,8 +249,9 @@ struct AttendArgs {
   // Single-token decode (n == 1): also store this token's kv row into the window ring, i.e. window_store fused into
   // the attention's last kernel (it runs after every kernel that reads the ring). The ring itself (a.ring), writable.
   float* store_ring = nullptr;
-  // Single-token decode: o leaves with the inverse RoPE of its last derope_dim dims per head already applied (at the
-  // query's position, [official] BF16) -- attn_out's norm_rope fused into the merge kernel, bit for bit.
+  // o leaves with the inverse RoPE of its last derope_dim dims per head already applied (at the query's position,
+  // [official] BF16) -- attn_out's norm_rope fused into the single-token merge kernel or the wgmma prefill kernel's
+  // epilogue, bit for bit (attend_derope_fusable says whether a's path can).
   const float* derope_inv_freq = nullptr;
   int derope_dim = 0;
 };
@@ -267,6 +268,8 @@ int64_t attend_scratch_floats(const AttendArgs& a);
 // the default -- or on attend_tc.cuh's mma.sync kernels (DSV4_ATTEND_WG=0 / false).
 void set_attend_wg(bool on);
 bool attend_wg_enabled();
+// Whether attend(a) can apply the inverse RoPE (AttendArgs::derope_inv_freq): one token, or the wgmma prefill kernel.
+bool attend_derope_fusable(const AttendArgs& a);
 
 // ring[(pos0 + i) % W] = kv[i] for the last min(n, W) rows.
 void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, float* ring, cudaStream_t s,

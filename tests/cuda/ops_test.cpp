@@ -1388,6 +1388,12 @@ void run_indexer(int64_t nkeys, int n = 2) {
     cu::indexer_q_prep(dq.p, n, Hi, Di, R, dinv.p, pos0, official, nullptr);
     auto qg = dq.get();
     expect_close(qg, q, official, "indexer q prep (rope/hadamard/sim4)");
+    if (n * Hi >= 256) {  // the chunk took the warp-per-row kernel: one token at a time (the block kernel), same bits
+      DBuf<float> dq1(q0);
+      for (int i = 0; i < n; ++i) cu::indexer_q_prep(dq1.p + i * Hi * Di, 1, Hi, Di, R, dinv.p, pos0 + i, official, nullptr);
+      const auto q1 = dq1.get();
+      EXPECT_EQ(std::memcmp(q1.data(), qg.data(), qg.size() * sizeof(float)), 0) << "indexer q prep: warp vs block kernel";
+    }
     const bool wg = cu::indexer_uses_wg(n, Hi, Di, official, nullptr);
     EXPECT_EQ(wg, official && n >= cu::kGemmMinTokens && cu::prefill_gemm_enabled()) << "official prefill: the wgmma kernel";
     cu::indexer_scores(dq.p, dw.p, dk.p, n, Hi, Di, pos0, ratio, nkeys, official, dsc.p, ld, nullptr);

@@ -1101,6 +1101,46 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
   for (int i = threadIdx.x; i < n; i += blockDim.x) qh[i] = v[i];
 }
 
+// indexer_q_kernel for many rows (prefill: 64 heads per token, 524K rows of 128 in an 8K chunk): a WARP per row in
+// its own slice of shared memory, __syncwarp instead of block barriers, every element computed by the same operations
+// as the block kernel (block_rope's pairs, block_hadamard's butterflies, warp_fake_quant per 32-block): the same bits.
+// Di % 32 == 0, Di <= kIqwMaxDi, a power of two (the Hadamard).
+constexpr int kIqwRows = 8, kIqwMaxDi = 256;
+__global__ void __launch_bounds__(32 * kIqwRows) indexer_q_warp_kernel(float* q, int rows, int heads, int64_t Di, int64_t R,
+                                                                     const float* inv_freq, int64_t pos0, bool official) {
+  __shared__ float vs[kIqwRows][kIqwMaxDi];
+  pdl_wait();
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row = blockIdx.x * kIqwRows + w;
+  if (row >= rows) return;
+  const int n = static_cast<int>(Di), pairs = static_cast<int>(R / 2);
+  float* v = vs[w];
+  float* qh = q + static_cast<int64_t>(row) * Di;
+  for (int i = lane; i < n; i += 32) v[i] = qh[i];
+  __syncwarp();
+  const float fp = static_cast<float>(pos0 + row / heads);
+  for (int i = lane; i < pairs; i += 32) rope_pair(v[n - 2 * pairs + 2 * i], v[n - 2 * pairs + 2 * i + 1], fp, inv_freq[i], false);
+  __syncwarp();
+  if (official) {
+    for (int i = lane; i < n; i += 32) v[i] = bf16r(v[i]);
+    __syncwarp();
+    for (int h = 1; h < n; h <<= 1) {  // block_hadamard's butterflies
+      for (int j = lane; j < n / 2; j += 32) {
+        const int i = (j / h) * 2 * h + (j % h);
+        const float a = v[i], b = v[i + h];
+        v[i] = a + b;
+        v[i + h] = a - b;
+      }
+      __syncwarp();
+    }
+    const float sc = 1.0f / sqrtf(static_cast<float>(n));
+    for (int i = lane; i < n; i += 32) v[i] = bf16r(v[i] * sc);
+    __syncwarp();
+    for (int b = 0; b * 32 < n; ++b) warp_fake_quant(v + 32 * b, 32, 4);
+    __syncwarp();
+  }
+  for (int i = lane; i < n; i += 32) qh[i] = v[i];
+}
+
 // Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)). The block first
 // stages the token's queries and weights and its KEYS key rows in shared memory with all of its loads in flight at
 // once (one global round trip, where streaming each key row per thread could chain up to Di / 4 of them: the decode
@@ -2668,7 +2708,14 @@ void compressor(const CompressorArgs& a, cudaStream_t s) {
 void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
                     bool official, cudaStream_t s, const int64_t* dpos) {
   if (n <= 0) return;
-  launch(indexer_q_kernel, n * heads, 128, static_cast<size_t>(Di) * 4, s, q, heads, Di, R, inv_freq, pos0, official, dpos);
+  const int rows = n * heads;
+  if (!dpos && rows >= 256 && Di % 32 == 0 && Di <= kIqwMaxDi && (Di & (Di - 1)) == 0 && R % 2 == 0 && R <= Di) {
+    launch(indexer_q_warp_kernel, static_cast<unsigned>((rows + kIqwRows - 1) / kIqwRows), 32 * kIqwRows, 0, s, q, rows,
+           heads, Di, R, inv_freq, pos0, official);
+    DSV4_LAUNCHED();
+    return;
+  }
+  launch(indexer_q_kernel, rows, 128, static_cast<size_t>(Di) * 4, s, q, heads, Di, R, inv_freq, pos0, official, dpos);
   DSV4_LAUNCHED();
 }
 

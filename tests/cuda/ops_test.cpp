@@ -464,7 +464,7 @@ void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int 
   const auto a0 = act0.get(), a1 = act1.get(), yy0 = y0.get(), yy1 = y1.get();
   const Stats sa = cmp(a1, a0), sy = cmp(yy1, yy0);
   std::printf("[op] experts %s vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
-              wg == 3 ? "wgmma f16 (2 blocks/SM, early barrier)" : wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
+              wg == 4 ? "wgmma f16 (128-slot tiles)" : wg == 3 ? "wgmma f16 (2 blocks/SM, early barrier)" : wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
   EXPECT_LE(sa.rel, 1e-5);  // the decode MMA walk vs its FMA walk: ~1.6e-7
   EXPECT_LE(sy.rel, 1e-5);
   for (float v : a1) ASSERT_TRUE(std::isfinite(v));
@@ -710,6 +710,7 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
         run_experts_f8_vs_tc2(t, x, n, d, I, k, 1);
         run_experts_f8_vs_tc2(t, x, n, d, I, k, 2);  // (always 4 stages)
         run_experts_f8_vs_tc2(t, x, n, d, I, k, 3);
+        run_experts_f8_vs_tc2(t, x, n, d, I, k, 4);  // 128-slot tiles (always 4 stages)
       }
       cu::set_moe_prefill_stages(stages0);
     }
@@ -734,7 +735,7 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
                                                " grouped (expert_tc2)").c_str());
       // ... and on the wgmma kernel (moe_wg.cuh), both variants.
       cu::set_moe_f8(true);
-      for (int mode : {1, 2, 3}) {
+      for (int mode : {1, 2, 3, 4}) {
         cu::set_moe_wg(mode);
         const int64_t w0 = cu::moe_wg_launches();
         b = a;
@@ -926,10 +927,12 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
 // A hidden size that is not a multiple of the prefill kernels' 128-row tiles (4160 = 32.5 x 128): the down
 // projection's last row tile is partial (expert_tc2's clamped rows and guarded stores).
 TEST(CudaOps, Mxfp4ExpertsGroupedPartialRowTile) { run_experts(40, true, 4160); }
-// n = 20: ~15 slots per expert; n = 96: ~72, so some experts take two 64-slot tiles.
+// n = 20: ~15 slots per expert; n = 96: ~72, so some experts take two 64-slot tiles; n = 200: ~150, two 128-slot
+// tiles (DSV4_MOE_WG=4's).
 TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(20, true);
   run_experts(96, true);
+  run_experts(200, true);
   // The default's kernel choice (moe_wg_effective): the two-blocks-per-SM wgmma kernel for gate/up; for down from
   // 96 slots per expert on average, expert_f8 below.
   EXPECT_EQ(cu::moe_wg_mode(), cu::kMoeWgAuto);
@@ -984,6 +987,7 @@ TEST(CudaOps, Mxfp4ExpertsPrefillScaleSpread) {
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 1);
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 2);
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 3);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 4);
   for (auto& l : devs) cu::free_linear(l);
 }
 

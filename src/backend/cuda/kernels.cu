@@ -3033,13 +3033,14 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // The wgmma prefill kernel (moe_wg.cuh) in place of expert_f8 where it applies (K / 128 a multiple of kWgGroup) and
 // the scratch has room (xg_bytes); both need g_moe_f8_on. DSV4_MOE_WG / set_moe_wg: 0 expert_f8 only; 1 v2 (one block
 // per SM, promotion overlapped); 2 two blocks per SM (kTwo); 3 kTwo with the stage barrier while the wgmmas run
-// (kEarlyBar); unset / kMoeWgAuto: moe_wg_effective(). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
+// (kEarlyBar); 4 kTwo's step on 128-slot tiles (one block per SM; compiled only, session 16); unset / kMoeWgAuto:
+// moe_wg_effective(). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
 // layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
 // / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.
 std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
   const std::string v = e ? e : "";
-  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : kMoeWgAuto;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : kMoeWgAuto;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of expert_f8 and the one-block expert_wg: 4, or 8 (DSV4_MOE_PREFILL_STAGES=8 /
@@ -3061,9 +3062,9 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   const int64_t max_tiles = f8_max_tiles(nk, a.E);
   const dim3 grid(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles));
   // The work list at tiles_off, the gather, then the kernel (moe_f8.cuh / moe_wg.cuh).
-  auto grouped = [&](int64_t tiles_off, auto* gather, auto* kernel, size_t sm) {
-    launch(moe_f8_tiles_kernel, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets, a.E, max_tiles,
-           reinterpret_cast<int32_t*>(xg + tiles_off));
+  auto grouped = [&](int64_t tiles_off, auto* gather, auto* kernel, size_t sm, bool wide = false) {
+    launch(wide ? moe_f8_tiles_kernel<2 * kF8Slots> : moe_f8_tiles_kernel<>, dim3(1), (a.E + 31) / 32 * 32, 0, s,
+           a.offsets, a.E, max_tiles, reinterpret_cast<int32_t*>(xg + tiles_off));
     DSV4_LAUNCHED();
     launch(gather, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)), 256, 0, s, GATE_UP ? a.x : a.act_q, K,
            a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
@@ -3079,7 +3080,9 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   if (wg == kMoeWgAuto) wg = moe_wg_effective(GATE_UP, nk, a.E);
   if (f8 && wg && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
     const int64_t off = wg_tiles_offset(nk, K);
-    if (wg == 2) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true>, size_t{4} * kWgStageBytes);
+    if (wg == 4) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true, false, 2 * kF8Slots>,
+                         size_t{4} * wg_stage_bytes(2 * kF8Slots), true);
+    else if (wg == 2) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true>, size_t{4} * kWgStageBytes);
     else if (wg == 3) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true, true>, size_t{4} * kWgStageBytes);
     else if (s8) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 8, false>, size_t{8} * kWgStageBytes);
     else grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, false>, size_t{4} * kWgStageBytes);
@@ -3106,7 +3109,7 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(int mode) {
-  if ((mode < 0 || mode > 3) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1, 2, 3 or kMoeWgAuto (got ", mode, ")");
+  if ((mode < 0 || mode > 4) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1, 2, 3, 4 or kMoeWgAuto (got ", mode, ")");
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }

@@ -47,12 +47,14 @@ __device__ __forceinline__ float* f8_xscales(uint8_t* xg, int64_t nk, int64_t K)
 // Why a work list: a block per (row tile, expert) that loops over the expert's slot tiles serialises a busy expert
 // on its 16-32 blocks (a skewed routing, e.g. hot experts, leaves the rest of the GPU idle); one block per (row tile,
 // expert, slot tile) spreads every tile over the grid. One block of E threads (E <= 1024): tiles[i] = e << 16 | j
-// for the j-th 64-slot tile of expert e, in expert order; tiles[max] = their count.
+// for the j-th kSlots-slot tile of expert e, in expert order; tiles[max] = their count. (kSlots 128: expert_wg's wide
+// variant; max, sized for 64-slot tiles, bounds it.)
+template <int kSlots = kF8Slots>
 __global__ void moe_f8_tiles_kernel(const int32_t* offsets, int E, int64_t max, int32_t* tiles) {
   pdl_wait();
   __shared__ int32_t start[1025];
   const int e = threadIdx.x;
-  const int nt = e < E ? (offsets[e + 1] - offsets[e] + kF8Slots - 1) / kF8Slots : 0;
+  const int nt = e < E ? (offsets[e + 1] - offsets[e] + kSlots - 1) / kSlots : 0;
   if (e < E) start[e + 1] = nt;
   __syncthreads();
   if (e == 0) {
@@ -102,14 +104,15 @@ __global__ void moe_gather_e4m3_kernel(const float* src, int64_t K, const int32_
   if (lane == 0) f8_xscales(xg, nk, K)[p * (K / 128) + b] = s;
 }
 
-// Block (x, y)'s work-list entry y (moe_f8_tiles_kernel): expert e, its slots [s0, s0 + ns) of the grouped order.
-// False: y is past the list's end (the grid is sized for the most tiles there can be).
+// Block (x, y)'s work-list entry y (moe_f8_tiles_kernel<kSlots>): expert e, its slots [s0, s0 + ns) of the grouped
+// order. False: y is past the list's end (the grid is sized for the most tiles there can be).
+template <int kSlots = kF8Slots>
 __device__ __forceinline__ bool f8_tile(const int32_t* tiles, int64_t max, const int32_t* offsets, int& e, int32_t& s0, int& ns) {
   if (static_cast<int>(blockIdx.y) >= tiles[max]) return false;
   const int32_t tile = tiles[blockIdx.y];
   e = tile >> 16;
-  s0 = offsets[e] + kF8Slots * (tile & 0xFFFF);
-  ns = min(kF8Slots, offsets[e + 1] - s0);
+  s0 = offsets[e] + kSlots * (tile & 0xFFFF);
+  ns = min(kSlots, offsets[e + 1] - s0);
   return true;
 }
 

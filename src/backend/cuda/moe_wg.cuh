@@ -40,8 +40,11 @@
 // Included INSIDE kernels.cu's anonymous namespace after moe_f8.cuh (work list, stage layout constants).
 #pragma once
 
-constexpr int kWgBBytes = kF8Slots * kF8K * 2;                                  // 16 KB of f16 codes per stage
-constexpr int kWgStageBytes = kF8ABytes + kF8Rows * 4 + kWgBBytes + kF8Slots * 4;  // + weight / activation scales
+// A stage of kSlots slots: FP4 weights, their scale words, the slots' f16 codes (16 KB at 64 slots), their scales.
+constexpr int wg_b_bytes(int slots) { return slots * kF8K * 2; }
+constexpr int wg_stage_bytes(int slots) { return kF8ABytes + kF8Rows * 4 + wg_b_bytes(slots) + slots * 4; }
+constexpr int kWgBBytes = wg_b_bytes(kF8Slots);
+constexpr int kWgStageBytes = wg_stage_bytes(kF8Slots);
 constexpr int kWgGroup = 4;  // 128-column steps per unrolled group of the main loop (expert_wg); must divide K / 128
 
 // The scratch as this kernel uses it (f16 codes, scales, work list), and its size.
@@ -93,24 +96,42 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_
   c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), c(d[8]), c(d[9]), c(d[10]), c(d[11]),     \
       c(d[12]), c(d[13]), c(d[14]), c(d[15]), c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), c(d[22]),   \
       c(d[23]), c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), c(d[29]), c(d[30]), c(d[31])
-#define DSV4_WG_ASM(scale_d)                                                                                          \
+#define DSV4_WG_D64(c)                                                                                                \
+  DSV4_WG_D32(c), c(d[32]), c(d[33]), c(d[34]), c(d[35]), c(d[36]), c(d[37]), c(d[38]), c(d[39]), c(d[40]),          \
+      c(d[41]), c(d[42]), c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), c(d[48]), c(d[49]), c(d[50]), c(d[51]),   \
+      c(d[52]), c(d[53]), c(d[54]), c(d[55]), c(d[56]), c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]),   \
+      c(d[63])
+#define DSV4_WG_REGS32 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define DSV4_WG_REGS64                                                                                                \
+  DSV4_WG_REGS32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,"  \
+                 "%56,%57,%58,%59,%60,%61,%62,%63"
+// regs: the accumulators; ab: A's four registers and B's descriptor (the operand numbers after them).
+#define DSV4_WG_ASM(n, scale_d, regs, ab)                                                                             \
   "{\n.reg .pred p;\nsetp.ne.b32 p, " scale_d ", 0;\n"                                                               \
-  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "                                                              \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, " \
-  "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
-template <bool ACC>
-__device__ __forceinline__ void wgmma_f16_64(float (&d)[32], const uint32_t (&a)[4], uint64_t bdesc) {
-  if constexpr (ACC) {
-    asm volatile(DSV4_WG_ASM("1") : DSV4_WG_D32("+f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc));
+  "wgmma.mma_async.sync.aligned.m64n" n "k16.f32.f16.f16 {" regs "}, " ab ", p, 1, 1, 0;\n}"
+// NACC 64: m64n128k16 (expert_wg's 128-slot variant), the same with twice the accumulators.
+template <bool ACC, int NACC>
+__device__ __forceinline__ void wgmma_f16_64(float (&d)[NACC], const uint32_t (&a)[4], uint64_t bdesc) {
+  static_assert(NACC == 32 || NACC == 64, "m64n64 or m64n128");
+  if constexpr (NACC == 32 && ACC) {
+    asm volatile(DSV4_WG_ASM("64", "1", DSV4_WG_REGS32, "{%32,%33,%34,%35}, %36") : DSV4_WG_D32("+f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc));
+  } else if constexpr (NACC == 32) {
+    asm volatile(DSV4_WG_ASM("64", "0", DSV4_WG_REGS32, "{%32,%33,%34,%35}, %36") : DSV4_WG_D32("=f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc));
+  } else if constexpr (ACC) {
+    asm volatile(DSV4_WG_ASM("128", "1", DSV4_WG_REGS64, "{%64,%65,%66,%67}, %68") : DSV4_WG_D64("+f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc));
   } else {
-    asm volatile(DSV4_WG_ASM("0") : DSV4_WG_D32("=f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc));
+    asm volatile(DSV4_WG_ASM("128", "0", DSV4_WG_REGS64, "{%64,%65,%66,%67}, %68") : DSV4_WG_D64("=f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc));
   }
 }
 #undef DSV4_WG_ASM
+#undef DSV4_WG_REGS32
+#undef DSV4_WG_REGS64
+#undef DSV4_WG_D64
 #undef DSV4_WG_D32
-__device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
+template <int N>
+__device__ __forceinline__ void wg_fence_acc(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // The weight-scale fold of one row and 128-column step (v2, see the top): the row's four E8M0 bytes e_c (one per
@@ -152,14 +173,21 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
 // kTwo (DSV4_MOE_WG=2, A/B): two blocks per SM (<= 128 registers: 16 warps to hide latency instead of 8) with one
 // accumulator set and one A register set, each step's wgmmas waited for (wait_group 0) before its promotion;
 // kEarlyBar (DSV4_MOE_WG=3): its stage barrier and next loads while the wgmmas run.
-template <bool GATE_UP, int kWgStages, bool kTwo, bool kEarlyBar = false>
-__global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
+// kSlots 128 (DSV4_MOE_WG=4, with kTwo's step; compiled only so far, session 16): 128-slot tiles, m64n128 wgmmas, so
+// each converted weight register feeds twice the MMA work (the conversion and the scale fold are most of the kernel's
+// instructions: ncu, session 16); ~170 registers, one block per SM.
+template <bool GATE_UP, int kWgStages, bool kTwo, bool kEarlyBar = false, int kSlots = kF8Slots>
+__global__ void __launch_bounds__(kF8Threads, kTwo && kSlots == kF8Slots ? 2 : 1) expert_wg(ExpertArgs a, const uint8_t* xg) {
+  static_assert(kSlots == kF8Slots || (kSlots == 2 * kF8Slots && kTwo && !kEarlyBar), "128 slots: the kTwo step only");
+  constexpr int kStageBytes = wg_stage_bytes(kSlots), kBBytes = wg_b_bytes(kSlots);
+  constexpr int kLbo = kSlots / 8 * 128;  // bytes between the B operand's 8-column k-blocks (a k-block: 8-slot blocks x 128 B)
+  constexpr int kTps = kF8Threads / kSlots, kKbPer = 16 / kTps;  // threads per slot's codes, 16-byte k-blocks per thread
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d, nk = static_cast<int64_t>(a.n) * a.k;
   int e, ns;
   int32_t s0;
-  if (!f8_tile(reinterpret_cast<const int32_t*>(xg + wg_tiles_offset(nk, K)), f8_max_tiles(nk, a.E), a.offsets, e, s0, ns)) return;
+  if (!f8_tile<kSlots>(reinterpret_cast<const int32_t*>(xg + wg_tiles_offset(nk, K)), f8_max_tiles(nk, a.E), a.offsets, e, s0, ns)) return;
   const DevExpert E = a.table[e];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * (GATE_UP ? kF8Rows / 2 : kF8Rows);
   const uint16_t* xc = reinterpret_cast<const uint16_t*>(xg);
@@ -172,17 +200,19 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
     mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? 8 * wq + (i & 7) : tr), R - 1), second, w, s);
   };
   // Copies per stage: weights row tid / 2, chunks 2 (tid % 2) and + 1; scale word of row tid (tid < 128), scale of
-  // slot tid - 128 (128..191); codes: slot tid / 4, k-blocks 4 (tid % 4) .. + 3 (16 bytes each).
+  // slot tid - 128 (128 .. 128 + kSlots - 1); codes: slot tid / kTps, k-blocks kKbPer (tid % kTps) .. + kKbPer - 1
+  // (16 bytes each; 64 slots: tid / 4, 4 k-blocks).
   const int a_row = tid >> 1, a_c0 = 2 * (tid & 1);
   const uint8_t *a_src, *unused;
   wrow(a_row, a_src, unused);
   const uint8_t* s_src = nullptr;
   if (tid < kF8Rows) wrow(tid, unused, s_src);
-  const int b_slot = tid >> 2, b_kb0 = 4 * (tid & 3);
+  static_assert(kTps == 4 || kTps == 2, "64 or 128 slots");
+  const int b_slot = tid >> (kTps == 4 ? 2 : 1), b_kb0 = kKbPer * (tid & (kTps - 1));
   const uint16_t* b_src = xc + static_cast<int64_t>(s0 + min(b_slot, ns - 1)) * K;
   const int kb = static_cast<int>(K / kF8K), nks = kb;
-  const float* x_src = tid >= kF8Rows && tid < kF8Rows + kF8Slots ? xsc + (s0 + min(tid - kF8Rows, ns - 1)) * kb : nullptr;
-  auto stage = [&](int ks) { return smem + (ks % kWgStages) * kWgStageBytes; };
+  const float* x_src = tid >= kF8Rows && tid < kF8Rows + kSlots ? xsc + (s0 + min(tid - kF8Rows, ns - 1)) * kb : nullptr;
+  auto stage = [&](int ks) { return smem + (ks % kWgStages) * kStageBytes; };
   auto issue = [&](int ks) {
     uint8_t* st = stage(ks);
     if (ks < nks) {
@@ -193,12 +223,12 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
         cp_async16(st + a_row * 64 + 16 * (c ^ ((a_row >> 1) & 3)), w + 16 * c);
       }
       if (tid < kF8Rows) cp_async4(st + kF8ABytes + 4 * tid, s_src + 4 * ks);
-      else if (x_src) cp_async4(st + kF8ABytes + kF8Rows * 4 + kWgBBytes + 4 * (tid - kF8Rows), x_src + ks);
+      else if (x_src) cp_async4(st + kF8ABytes + kF8Rows * 4 + kBBytes + 4 * (tid - kF8Rows), x_src + ks);
       uint8_t* bst = st + kF8ABytes + kF8Rows * 4;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kKbPer; ++i) {
         const int kbk = b_kb0 + i;
-        cp_async16(bst + kbk * 1024 + (b_slot >> 3) * 128 + (b_slot & 7) * 16, b_src + static_cast<int64_t>(ks) * kF8K + 8 * kbk);
+        cp_async16(bst + kbk * kLbo + (b_slot >> 3) * 128 + (b_slot & 7) * 16, b_src + static_cast<int64_t>(ks) * kF8K + 8 * kbk);
       }
     }
     cp_async_commit();
@@ -229,14 +259,15 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
       }
     }
   };
-  float acc[32];
+  constexpr int kAcc = kSlots / 2;  // accumulator registers per thread: 64 rows x kSlots over a warpgroup
+  float acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
   // acc += D x (row factor x slot scale) of a finished step, the slot scales from its stage.
-  auto promote = [&](const float (&d)[32], const float (&rf)[2], const uint8_t* st) {
-    const float* xs = reinterpret_cast<const float*>(st + kF8ABytes + kF8Rows * 4 + kWgBBytes);
+  auto promote = [&](const float (&d)[kAcc], const float (&rf)[2], const uint8_t* st) {
+    const float* xs = reinterpret_cast<const float*>(st + kF8ABytes + kF8Rows * 4 + kBBytes);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kSlots / 8; ++i) {
       const float x0 = xs[8 * i + 2 * t], x1 = xs[8 * i + 2 * t + 1];
       acc[4 * i + 0] = fmaf(d[4 * i + 0], rf[0] * x0, acc[4 * i + 0]);  // row g, slots 8i + 2t, + 1
       acc[4 * i + 1] = fmaf(d[4 * i + 1], rf[0] * x1, acc[4 * i + 1]);
@@ -251,16 +282,16 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
   __syncthreads();  // stage 0 has landed for every thread
   if constexpr (kTwo) {
     uint32_t av[4][2][4];  // [chunk][k16 step][A register]
-    float rf[2], d[32];
+    float rf[2], d[kAcc];
     build_a(stage(0), av, rf);
     for (int ks = 0; ks < nks; ++ks) {
       const uint8_t* bst = stage(ks) + kF8ABytes + kF8Rows * 4;
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        if (c == 0) wgmma_f16_64<false>(d, av[0][0], wg_desc(bst, 1024, 128));
-        else wgmma_f16_64<true>(d, av[c][0], wg_desc(bst + (4 * c) * 1024, 1024, 128));
-        wgmma_f16_64<true>(d, av[c][1], wg_desc(bst + (4 * c + 2) * 1024, 1024, 128));
+        if (c == 0) wgmma_f16_64<false>(d, av[0][0], wg_desc(bst, kLbo, 128));
+        else wgmma_f16_64<true>(d, av[c][0], wg_desc(bst + (4 * c) * kLbo, kLbo, 128));
+        wgmma_f16_64<true>(d, av[c][1], wg_desc(bst + (4 * c + 2) * kLbo, kLbo, 128));
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if constexpr (kEarlyBar) {
@@ -326,7 +357,7 @@ __global__ void __launch_bounds__(kF8Threads, kTwo ? 2 : 1) expert_wg(ExpertArgs
   cp_async_wait<0>();
   // Epilogue: acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q of the tile.
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kSlots / 8; ++i)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int sl = 8 * i + 2 * t + q;

@@ -403,8 +403,9 @@ bool moe_tc2_enabled();
 void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
 // ... or the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): DSV4_MOE_WG /
-// set_moe_wg: 0 never; 1 v2; 2 its two-blocks-per-SM variant; 3 that with an early stage barrier; kMoeWgAuto (the
-// default) moe_wg_effective(). The same function up to summation order.
+// set_moe_wg: 0 never; 1 v2; 2 its two-blocks-per-SM variant; 3 that with an early stage barrier; 4 the
+// two-blocks-per-SM step on 128-slot tiles (one block per SM); kMoeWgAuto (the default) moe_wg_effective(). The same
+// function up to summation order.
 constexpr int kMoeWgAuto = -1;
 void set_moe_wg(int mode);
 int moe_wg_mode();

@@ -44,6 +44,11 @@ __device__ __forceinline__ uint32_t wga_off(int r, int c) {
   return static_cast<uint32_t>((c >> 3) * 1024 + (r >> 3) * 128 + (r & 7) * 16 + (c & 7) * 2);
 }
 
+// Eight floats as eight BF16 values (a 16-byte operand chunk).
+__device__ __forceinline__ uint4 pack_bf16x8(float4 a, float4 b) {
+  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+}
+
 // BF16 row of attention row j of query i in attend_wg_rows_kernel's copy ([ring W][chunk kv n][compressed]), or -1
 // for a row that contributes nothing (past the query's rows, a -1 top-k hole, an invisible entry: err bit 1). w: the
 // row's top-k entry (wga_topk; CSA rows only), loaded a tile ahead so its latency is not waited for at the copy.
@@ -84,8 +89,7 @@ __global__ void attend_wg_rows_kernel(AttendArgs a, uint16_t* rows) {
       src = a.comp + (r - a.window - a.n) * kWgaD;
     }
     const float4 v0 = __ldg(reinterpret_cast<const float4*>(src + c)), v1 = __ldg(reinterpret_cast<const float4*>(src + c) + 1);
-    *reinterpret_cast<uint4*>(rows + r * kWgaD + c) =
-        make_uint4(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y), pack_bf16x2(v1.z, v1.w));
+    *reinterpret_cast<uint4*>(rows + r * kWgaD + c) = pack_bf16x8(v0, v1);
   }
 }
 
@@ -113,11 +117,6 @@ __device__ __forceinline__ void wgmma_bf16_n64_tb(float (&d)[32], uint64_t ad, u
   asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " DSV4_WGA_D32_REGS ", %32, %33, 1, 1, 1, 0, 1;\n"
                : DSV4_WGA_D32_RW
                : "l"(ad), "l"(bd));
-}
-template <int N>
-__device__ __forceinline__ void wga_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // A descriptor as two words: lo = start address >> 4 | LBO >> 4 << 16, hi = SBO >> 4. An operand's descriptors
@@ -159,8 +158,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
       const int c = 8 * cblock(q);
       float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
       if (ok) v0 = __ldg(reinterpret_cast<const float4*>(src + c)), v1 = __ldg(reinterpret_cast<const float4*>(src + c) + 1);
-      *reinterpret_cast<uint4*>(Qs + wga_off(cr, c)) =
-          make_uint4(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y), pack_bf16x2(v1.z, v1.w));
+      *reinterpret_cast<uint4*>(Qs + wga_off(cr, c)) = pack_bf16x8(v0, v1);
     }
   }
   // Tile k (0 .. 2T - 1): rows (k % T) * 64 .. of pass k / T, into buffer k & 1; one cp.async group per call (empty
@@ -228,7 +226,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
       wgmma_bf16_n32(s, wga_at(qd, 2 * ks * 1024), wga_at(kb, 2 * ks * 1024 + wg * 512), ks > 0);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    wga_fence(s);
+    wg_fence_acc(s);
     if (k < T) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -284,7 +282,7 @@ __global__ void __launch_bounds__(256, 1) attend_wg_kernel(AttendArgs a, const u
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-      for (int c = 0; c < 4; ++c) wga_fence(o[c]);
+      for (int c = 0; c < 4; ++c) wg_fence_acc(o[c]);
     }
   }
   cp_async_wait<0>();

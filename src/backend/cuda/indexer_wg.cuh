@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(256, 2) indexer_wg_kernel(const float* q, cons
         const float4* src = reinterpret_cast<const float4*>(q + ((static_cast<int64_t>(t0) + qi) * kIwHeads + cr) * kIwDi + 8 * cb);
         v0 = __ldg(src), v1 = __ldg(src + 1);
       }
-      *reinterpret_cast<uint4*>(Qs + qi * kIwQBytes + wga_off(cr, 8 * cb)) =
-          make_uint4(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y), pack_bf16x2(v1.z, v1.w));
+      *reinterpret_cast<uint4*>(Qs + qi * kIwQBytes + wga_off(cr, 8 * cb)) = pack_bf16x8(v0, v1);
     }
     const int qi = tid / kIwHeads, h = tid % kIwHeads;
     ws[qi][h] = qi < nq ? wts[(static_cast<int64_t>(t0) + qi) * kIwHeads + h] : 0.0f;
@@ -90,8 +89,7 @@ __global__ void __launch_bounds__(256, 2) indexer_wg_kernel(const float* q, cons
       for (int u = 0; u < 4; ++u) {
         const int cb = 2 * ((tid >> 7) + 2 * u) + (tid & 1);
         const float4 a = v[2 * u], b = v[2 * u + 1];
-        *reinterpret_cast<uint4*>(dst + wga_off(cr, 8 * cb)) =
-            make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+        *reinterpret_cast<uint4*>(dst + wga_off(cr, 8 * cb)) = pack_bf16x8(a, b);
       }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // st.shared -> the wgmma reads
@@ -109,7 +107,7 @@ __global__ void __launch_bounds__(256, 2) indexer_wg_kernel(const float* q, cons
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wga_fence(acc[j]);
+    for (int j = 0; j < 2; ++j) wg_fence_acc(acc[j]);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int qi = j ? qb : qa;

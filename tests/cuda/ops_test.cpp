@@ -423,7 +423,8 @@ TEST(CudaOps, RouterTopkTies) {
 // BF16 output rounding, x_bf16_exact), with x and the down input given a different power-of-two magnitude per
 // 128-column block and slot, so that a wrong activation-scale index shows as O(1). Both compute the same exact
 // products (QA8 x MXFP4); they differ in summation order and the FP8 MMA's internal accumulation of 32 products.
-// wg 1 / 2: the same against the wgmma kernel (moe_wg.cuh, set_moe_wg(wg): its two variants) instead of expert_f8.
+// wg 1 .. 4: the same against the f16 wgmma kernel (moe_wg.cuh, set_moe_wg(wg): its variants), 5 / 6 the BF16 one
+// (moe_wb.cuh), instead of expert_f8.
 void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int n, int64_t d, int64_t I, int k, int wg = 0) {
   struct F8Back {
     ~F8Back() { cu::set_moe_f8(true), cu::set_moe_wg(cu::kMoeWgAuto); }
@@ -464,7 +465,7 @@ void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int 
   const auto a0 = act0.get(), a1 = act1.get(), yy0 = y0.get(), yy1 = y1.get();
   const Stats sa = cmp(a1, a0), sy = cmp(yy1, yy0);
   std::printf("[op] experts %s vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
-              wg == 4 ? "wgmma f16 (128-slot tiles)" : wg == 3 ? "wgmma f16 (2 blocks/SM, early barrier)" : wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
+              wg == 8 ? "wgmma bf16 (4 warpgroups, 128 slots)" : wg == 7 ? "wgmma bf16 (4 warpgroups, 2 A sets)" : wg == 6 ? "wgmma bf16 (scales folded, 2 A sets)" : wg == 5 ? "wgmma bf16 (scales folded)" : wg == 4 ? "wgmma f16 (128-slot tiles)" : wg == 3 ? "wgmma f16 (2 blocks/SM, early barrier)" : wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
   EXPECT_LE(sa.rel, 1e-5);  // the decode MMA walk vs its FMA walk: ~1.6e-7
   EXPECT_LE(sy.rel, 1e-5);
   for (float v : a1) ASSERT_TRUE(std::isfinite(v));
@@ -735,7 +736,7 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
                                                " grouped (expert_tc2)").c_str());
       // ... and on the wgmma kernel (moe_wg.cuh), both variants.
       cu::set_moe_f8(true);
-      for (int mode : {1, 2, 3, 4}) {
+      for (int mode : {1, 2, 3, 4, 5, 6, 7, 8}) {
         cu::set_moe_wg(mode);
         const int64_t w0 = cu::moe_wg_launches();
         b = a;
@@ -947,7 +948,8 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
 // step's largest (moe_wg.cuh, wg_fold): exact while they span <= 15 binades, rounded below that. Here every scale is
 // drawn from 91 binades (so most steps span far more than 15) and both prefill kernels are held against expert_tc2,
 // which applies each scale exactly: a wrong fold (chunk, row or exponent) shows as O(1), and the rounding of chunks
-// more than 15 binades below a step's largest must stay invisible (terms below 2^-24 of it).
+// more than 15 binades below a step's largest must stay invisible (terms below 2^-24 of it). expert_wb (moe_wb.cuh,
+// modes 5 / 6) folds them exactly relative to each row's largest: scales above 128 here take its base > 1 path.
 TEST(CudaOps, Mxfp4ExpertsPrefillScaleSpread) {
   std::mt19937 g(29);
   const int E = 4, k = 2, n = 200;
@@ -988,6 +990,10 @@ TEST(CudaOps, Mxfp4ExpertsPrefillScaleSpread) {
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 2);
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 3);
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 4);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 5);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 6);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 7);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 8);
   for (auto& l : devs) cu::free_linear(l);
 }
 

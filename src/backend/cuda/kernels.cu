@@ -2253,6 +2253,7 @@ float host_scale(const ckpt::TensorView& s, int64_t idx, const LinearRef& w) {
 #include "backend/cuda/moe_wg.cuh"
 #include "backend/cuda/attend_wg.cuh"
 #include "backend/cuda/indexer_wg.cuh"
+#include "backend/cuda/moe_wb.cuh"
 
 // Multiprocessors of the current device (cached per device; the persistent kernels size their grid by it).
 int sm_count() {
@@ -3040,7 +3041,7 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
   const std::string v = e ? e : "";
-  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : kMoeWgAuto;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : v == "5" ? 5 : v == "6" ? 6 : v == "7" ? 7 : v == "8" ? 8 : kMoeWgAuto;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of expert_f8 and the one-block expert_wg: 4, or 8 (DSV4_MOE_PREFILL_STAGES=8 /
@@ -3062,7 +3063,8 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   const int64_t max_tiles = f8_max_tiles(nk, a.E);
   const dim3 grid(blocks_for(R, GATE_UP ? kF8Rows / 2 : kF8Rows), static_cast<unsigned>(max_tiles));
   // The work list at tiles_off, the gather, then the kernel (moe_f8.cuh / moe_wg.cuh).
-  auto grouped = [&](int64_t tiles_off, auto* gather, auto* kernel, size_t sm, bool wide = false) {
+  auto grouped = [&](int64_t tiles_off, auto* gather, auto* kernel, size_t sm, bool wide = false, dim3 kgrid = dim3(0),
+                     int threads = kF8Threads) {
     launch(wide ? moe_f8_tiles_kernel<2 * kF8Slots> : moe_f8_tiles_kernel<>, dim3(1), (a.E + 31) / 32 * 32, 0, s,
            a.offsets, a.E, max_tiles, reinterpret_cast<int32_t*>(xg + tiles_off));
     DSV4_LAUNCHED();
@@ -3070,7 +3072,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
            a.perm, a.offsets + a.E, GATE_UP ? a.k : 1, static_cast<int64_t>(nk), xg);
     DSV4_LAUNCHED();
     allow_smem(kernel, sm);
-    launch(kernel, grid, kF8Threads, sm, s, a, static_cast<const uint8_t*>(xg));
+    launch(kernel, kgrid.x ? kgrid : grid, threads, sm, s, a, static_cast<const uint8_t*>(xg));
     DSV4_LAUNCHED();
   };
   const bool k128 = K % kF8K == 0 && a.E <= kF8MaxExperts;
@@ -3078,7 +3080,21 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
   const bool f8 = g_moe_f8_on.load(std::memory_order_relaxed);
   int wg = g_moe_wg_mode.load(std::memory_order_relaxed);
   if (wg == kMoeWgAuto) wg = moe_wg_effective(GATE_UP, nk, a.E);
-  if (f8 && wg && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
+  if (f8 && wg >= 5 && k128 && (K / kF8K) % kWgGroup == 0 && wb_scratch_bytes(nk, K, a.E) <= cap) {
+    // expert_wb (moe_wb.cuh): 5 / 6 two warpgroups x 64 slots (6: two A register sets), 7 four warpgroups x 64
+    // slots (two A sets), 8 four warpgroups x 128 slots.
+    const int wgs = wg >= 7 ? 4 : 2, slots = wg == 8 ? 128 : 64;
+    const dim3 gridw(blocks_for(R, GATE_UP ? 32 * wgs : 64 * wgs), static_cast<unsigned>(max_tiles));
+    const size_t sm = wb_smem_bytes(wgs, slots);
+    const int64_t off = wb_tiles_offset(nk, K);
+    if (wg == 5) grouped(off, moe_gather_wb_kernel, expert_wb<GATE_UP, false, 2, 64>, sm, false, gridw, 256);
+    else if (wg == 6) grouped(off, moe_gather_wb_kernel, expert_wb<GATE_UP, true, 2, 64>, sm, false, gridw, 256);
+    else if (wg == 7) grouped(off, moe_gather_wb_kernel, expert_wb<GATE_UP, true, 4, 64>, sm, false, gridw, 512);
+    else grouped(off, moe_gather_wb_kernel, expert_wb<GATE_UP, false, 4, 128>, sm, true, gridw, 512);
+    g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (f8 && wg && wg < 5 && k128 && (K / kF8K) % kWgGroup == 0 && wg_scratch_bytes(nk, K, a.E) <= cap) {
     const int64_t off = wg_tiles_offset(nk, K);
     if (wg == 4) grouped(off, moe_gather_f16_kernel, expert_wg<GATE_UP, 4, true, false, 2 * kF8Slots>,
                          size_t{4} * wg_stage_bytes(2 * kF8Slots), true);
@@ -3109,7 +3125,7 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(int mode) {
-  if ((mode < 0 || mode > 4) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1, 2, 3, 4 or kMoeWgAuto (got ", mode, ")");
+  if ((mode < 0 || mode > 8) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1 .. 8 or kMoeWgAuto (got ", mode, ")");
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }

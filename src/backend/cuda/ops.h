@@ -404,8 +404,9 @@ void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
 // ... or the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): DSV4_MOE_WG /
 // set_moe_wg: 0 never; 1 v2; 2 its two-blocks-per-SM variant; 3 that with an early stage barrier; 4 the
-// two-blocks-per-SM step on 128-slot tiles (one block per SM); kMoeWgAuto (the default) moe_wg_effective(). The same
-// function up to summation order.
+// two-blocks-per-SM step on 128-slot tiles (one block per SM); 5 / 6 the BF16 kernel with the scales folded into
+// its operands (moe_wb.cuh; 6 double-buffers its A registers); kMoeWgAuto (the default) moe_wg_effective(). The
+// same function up to summation order.
 constexpr int kMoeWgAuto = -1;
 void set_moe_wg(int mode);
 int moe_wg_mode();

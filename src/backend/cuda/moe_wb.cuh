@@ -30,7 +30,7 @@
 // rows' scale words, the slots' BF16 values (kSlots x 128 x 2 bytes).
 constexpr int wb_stage_bytes(int wgs, int slots) { return 64 * wgs * (64 + 4) + slots * kF8K * 2; }
 constexpr int kWbStages = 4;
-constexpr size_t wb_smem_bytes(int wgs, int slots) { return size_t{kWbStages} * wb_stage_bytes(wgs, slots) + 64 * wgs * 4; }
+constexpr size_t wb_smem_bytes(int wgs, int slots) { return size_t{kWbStages} * wb_stage_bytes(wgs, slots) + 64 * wgs * 4 + kWbStages * 8; }
 
 // The scratch: BF16 values [slots][K] (K permuted as expert_wg's codes), then the work list.
 __host__ __device__ inline int64_t wb_tiles_offset(int64_t nk, int64_t K) { return (nk * K * 2 + 15) / 16 * 16; }
@@ -48,6 +48,90 @@ __global__ void moe_gather_wb_kernel(const float* src, int64_t K, const int32_t*
   const int a0 = 4 * (lane & 7);
 #pragma unroll
   for (int i = 0; i < 4; ++i) row[wg_kpos(a0 + i)] = __bfloat16_as_ushort(__float2bfloat16_rn(q[i] * s));  // exact
+}
+
+// kBulk (DSV4_MOE_WG=9 / 10): the slots' BF16 values as per-tile shared-memory IMAGES in the scratch, so that one
+// thread brings a stage's B operand in with bulk copies (cp.async.bulk, completion on an mbarrier) instead of every
+// thread issuing 16-byte cp.asyncs. Why (ncu, session 17, mode 8): 36 % of the warp stalls were long-scoreboard
+// waits on the registers of queued cp.asyncs and 18 % the stage barrier behind them, with the L2 at 53 %.
+// Image (tile T, step ks) at wbt_image(T, ks): kSlots x 128 BF16 in the stage layout ([16-byte k-block][8-slot
+// block][slot][8 values], k permuted as wg_kpos); then the work list (f8_max_tiles<kSlots>-sized) and each expert's
+// first work-list entry.
+template <int kSlots>
+__host__ __device__ inline int64_t wbt_max_tiles(int64_t nk, int E) { return (nk + kSlots - 1) / kSlots + E; }
+template <int kSlots>
+__host__ __device__ inline int64_t wbt_tiles_offset(int64_t nk, int64_t K, int E) { return wbt_max_tiles<kSlots>(nk, E) * (K / 128) * kSlots * 256; }
+template <int kSlots>
+__host__ __device__ inline int64_t wbt_scratch_bytes(int64_t nk, int64_t K, int E) {
+  return wbt_tiles_offset<kSlots>(nk, K, E) + 4 * (wbt_max_tiles<kSlots>(nk, E) + 1) + 4 * (E + 1);
+}
+
+// moe_f8_tiles_kernel's work list (tiles[max] = count) plus first[e] = the index of expert e's first entry.
+template <int kSlots>
+__global__ void moe_wbt_tiles_kernel(const int32_t* offsets, int E, int64_t max, int32_t* tiles, int32_t* first) {
+  pdl_wait();
+  __shared__ int32_t start[1025];
+  const int e = threadIdx.x;
+  const int nt = e < E ? (offsets[e + 1] - offsets[e] + kSlots - 1) / kSlots : 0;
+  if (e < E) start[e + 1] = nt;
+  __syncthreads();
+  if (e == 0) {
+    start[0] = 0;
+    for (int i = 1; i <= E; ++i) start[i] += start[i - 1];
+    tiles[max] = start[E];
+  }
+  __syncthreads();
+  if (e < E) first[e] = start[e];
+  for (int j = 0; j < nt; ++j) tiles[start[e] + j] = (e << 16) | j;
+}
+
+// The images: warp (slot p, 128-column block b) writes its 128 values into image (T, b) of p's tile T, at p's place
+// in it. Slots past an expert's last tile's end are never written (their columns of D are never stored).
+template <int kSlots>
+__global__ void moe_gather_wbt_kernel(const float* src, int64_t K, const int32_t* perm, const int32_t* offsets, int E,
+                                      int div, uint8_t* xg) {
+  pdl_wait();
+  int64_t p, b;
+  float q[4], s;
+  if (!gather_qa8_block(src, K, perm, offsets + E, div, p, b, q, s)) return;
+  int lo = 0, hi = E - 1;  // the last expert whose slots start at or before p (empty experts share its offset)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (offsets[mid] <= p) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t nk = offsets[E];
+  const int32_t* first = reinterpret_cast<const int32_t*>(xg + wbt_tiles_offset<kSlots>(nk, K, E)) + wbt_max_tiles<kSlots>(nk, E) + 1;
+  const int rel = static_cast<int>(p - offsets[lo]), pos = rel % kSlots;
+  const int64_t T = first[lo] + rel / kSlots;
+  uint8_t* im = xg + (T * (K / 128) + b) * (kSlots * 256) + (pos >> 3) * 128 + (pos & 7) * 16;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int P = 32 * (lane >> 3) + wg_kpos(4 * (lane & 7) + i);  // stored position in the 128 columns
+    *reinterpret_cast<uint16_t*>(im + (P >> 3) * (kSlots / 8 * 128) + (P & 7) * 2) = __bfloat16_as_ushort(__float2bfloat16_rn(q[i] * s));
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
 // e2m1_word_f16's registers as BF16 values x 2^-126: the sign stays at bit 15, the three magnitude bits move from
@@ -94,7 +178,7 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 // memory. Why wider blocks (ncu, session 17: expert_wb at kWG 2 / 64 slots ran L2-bound, 70 % of the L2's throughput,
 // IPC 0.95): every block reads its slot tile's activations (kSlots x K BF16) and its row tile's weights, so the L2
 // traffic per FLOP falls with both tile sides -- 4 warpgroups halve the activation reads, 128 slots the weight reads.
-template <bool GATE_UP, bool kDbl, int kWG, int kSlots>
+template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false>
 __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertArgs a, const uint8_t* xg) {
   static_assert((kWG == 2 || kWG == 4) && (kSlots == 64 || kSlots == 128), "2 or 4 warpgroups, 64 or 128 slots");
   static_assert(!kDbl || kSlots == 64, "two A register sets: 64-slot tiles only (registers)");
@@ -104,10 +188,13 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];
   uint32_t* row_k = reinterpret_cast<uint32_t*>(smem + kS * kStage);  // [kRows]: (127 - base) x 0x00800080
+  uint64_t* full = reinterpret_cast<uint64_t*>(row_k + kRows);        // [kS] kBulk: a stage's B has landed
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d, nk = static_cast<int64_t>(a.n) * a.k;
   int e, ns;
   int32_t s0;
-  if (!f8_tile<kSlots>(reinterpret_cast<const int32_t*>(xg + wb_tiles_offset(nk, K)), f8_max_tiles(nk, a.E), a.offsets, e, s0, ns)) return;
+  const int64_t tiles_off = kBulk ? wbt_tiles_offset<kSlots>(nk, K, a.E) : wb_tiles_offset(nk, K);
+  const int64_t max_tiles = kBulk ? wbt_max_tiles<kSlots>(nk, a.E) : f8_max_tiles(nk, a.E);
+  if (!f8_tile<kSlots>(reinterpret_cast<const int32_t*>(xg + tiles_off), max_tiles, a.offsets, e, s0, ns)) return;
   const DevExpert E = a.table[e];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * (GATE_UP ? kRows / 2 : kRows);
   const uint16_t* xc = reinterpret_cast<const uint16_t*>(xg);
@@ -143,14 +230,32 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
       }
       if (tid < kRows) cp_async4(st + kABytes + 4 * tid, s_src + 4 * ks);
       uint8_t* bst = st + kBOff;
+      if constexpr (kBulk) {
+        // Warp 0: the image's first ceil(ns / 8) 8-slot blocks of each of the 16 k-blocks, one bulk copy per lane.
+        if (warp == 0) {
+          const uint32_t nb_bytes = static_cast<uint32_t>((ns + 7) / 8) * 128;
+          if (lane == 0) mbar_expect_tx(&full[ks % kS], 16 * nb_bytes);
+          __syncwarp();
+          const uint8_t* img = xg + (static_cast<int64_t>(blockIdx.y) * nks + ks) * (kSlots * 256);
+          if (lane < 16) bulk_copy(bst + lane * kLbo, img + lane * kLbo, nb_bytes, &full[ks % kS]);
+        }
+      } else {
 #pragma unroll
       for (int i = 0; i < kKbPer; ++i) {
         const int kbk = b_kb0 + i;
         cp_async16_zfill(bst + kbk * kLbo + (b_slot >> 3) * 128 + (b_slot & 7) * 16, b_src + static_cast<int64_t>(ks) * kF8K + 8 * kbk, b_ok);
       }
+      }
     }
     cp_async_commit();
   };
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      for (int i = 0; i < kS; ++i) mbar_init(&full[i], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the bulk copies' complete_tx
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int p = 0; p < kS - 1; ++p) issue(p);
   // While those land: each tile row's base from its K / 32 scale bytes (two threads per row, words 2 i + (tid % 2)).
@@ -199,6 +304,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   // A step's 8 wgmmas (k16 steps 2c + h of the 4 chunks) on the stage's B.
   auto mma_step = [&](int ks, const uint32_t (&av)[4][2][4]) {
     const WgaDesc bd = wga_desc(stage(ks) + kBOff, kLbo, 128);
+    if constexpr (kBulk) mbar_wait(&full[ks % kS], static_cast<uint32_t>(ks / kS) & 1);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers were written
 #pragma unroll
     for (int c = 0; c < 4; ++c)

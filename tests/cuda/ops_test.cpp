@@ -929,19 +929,16 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
 // projection's last row tile is partial (expert_tc2's clamped rows and guarded stores).
 TEST(CudaOps, Mxfp4ExpertsGroupedPartialRowTile) { run_experts(40, true, 4160); }
 // n = 20: ~15 slots per expert; n = 96: ~72, so some experts take two 64-slot tiles; n = 200: ~150, two 128-slot
-// tiles (DSV4_MOE_WG=4's).
+// tiles (modes 4, 8, 9).
 TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(20, true);
   run_experts(96, true);
   run_experts(200, true);
-  // The default's kernel choice (moe_wg_effective): the two-blocks-per-SM wgmma kernel for gate/up; for down from
-  // 96 slots per expert on average, expert_f8 below.
+  // The default's kernel choice (moe_wg_effective): expert_wb with bulk-copied activations on 128-slot tiles.
   EXPECT_EQ(cu::moe_wg_mode(), cu::kMoeWgAuto);
-  EXPECT_EQ(cu::moe_wg_effective(true, 120, 8), 2);
-  EXPECT_EQ(cu::moe_wg_effective(false, 96 * 8, 8), 2);
-  EXPECT_EQ(cu::moe_wg_effective(false, 96 * 8 - 1, 8), 0);
-  EXPECT_EQ(cu::moe_wg_effective(false, 2048 * 6, 256), 0);  // a 2K chunk of Flash
-  EXPECT_EQ(cu::moe_wg_effective(false, 8192 * 6, 256), 2);  // an 8K chunk
+  EXPECT_EQ(cu::moe_wg_effective(true, 120, 8), 9);
+  EXPECT_EQ(cu::moe_wg_effective(false, 2048 * 6, 256), 9);  // a 2K chunk of Flash
+  EXPECT_EQ(cu::moe_wg_effective(false, 8192 * 6, 256), 9);  // an 8K chunk
 }
 
 // expert_wg folds each weight row's four per-32 scales of a 128-column step into its f16 operands, relative to the

@@ -3031,11 +3031,13 @@ std::atomic<bool> g_moe_f8_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 std::atomic<int64_t> g_moe_f8_launches{0};
-// The wgmma prefill kernel (moe_wg.cuh) in place of expert_f8 where it applies (K / 128 a multiple of kWgGroup) and
-// the scratch has room (xg_bytes); both need g_moe_f8_on. DSV4_MOE_WG / set_moe_wg: 0 expert_f8 only; 1 v2 (one block
-// per SM, promotion overlapped); 2 two blocks per SM (kTwo); 3 kTwo with the stage barrier while the wgmmas run
-// (kEarlyBar); 4 kTwo's step on 128-slot tiles (one block per SM; compiled only, session 16); unset / kMoeWgAuto:
-// moe_wg_effective(). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
+// The wgmma prefill kernels (moe_wg.cuh, moe_wb.cuh) in place of expert_f8 where they apply (K / 128 a multiple of
+// kWgGroup) and the scratch has room (xg_bytes); both need g_moe_f8_on. DSV4_MOE_WG / set_moe_wg: 0 expert_f8 only;
+// expert_wg (f16): 1 v2 (one block per SM, promotion overlapped); 2 two blocks per SM (kTwo); 3 kTwo with the stage
+// barrier while the wgmmas run (kEarlyBar); 4 kTwo's step on 128-slot tiles (measured slower, session 17: 8K gate/up
+// 256.4 vs 211.1 ms); expert_wb (BF16, scales folded): 5 / 6 two warpgroups x 64 slots (6 two A sets); 7 / 8 four
+// warpgroups x 64 (two A sets) / 128 slots; 9 / 10 = 8 / 7 with the B operand bulk-copied; unset / kMoeWgAuto:
+// moe_wg_effective() (9). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
 // layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
 // / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.
 std::atomic<int> g_moe_wg_mode{[] {
@@ -3152,10 +3154,11 @@ void set_moe_wg(int mode) {
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
-int moe_wg_effective(bool gate_up, int64_t nk, int E) {
-  // Gate/up: kTwo measured faster at 48 and at 192 slots per expert; down: slower at 48, faster at 192 -- the switch
-  // at 96 (between the two measurements, on a log scale) is a guess, not a measurement.
-  return gate_up || nk >= 96 * static_cast<int64_t>(E) ? 2 : 0;
+int moe_wg_effective(bool, int64_t, int) {
+  // expert_wb with bulk-copied B on 128-slot tiles (9) for gate/up and down: measured fastest at 8K and at 2K prompts
+  // (one H200, 20 Flash layers, session 17: 8K gate/up 210.6 -> 114.6 ms, down 122.6 -> 67.1 vs the previous
+  // default; 2K 74.5 -> 43.0 and 40.6 -> 24.2, where the 64-slot variants 7 / 10 measured 51.5 / 45.8 and 28.4 / 26.2).
+  return 9;
 }
 int moe_prefill_stages() { return g_moe_prefill_stages.load(std::memory_order_relaxed); }
 void set_moe_prefill_stages(int stages) {

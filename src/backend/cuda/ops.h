@@ -402,16 +402,15 @@ bool moe_tc2_enabled();
 // DSV4_MOE_F8=0 / set_moe_f8(false): expert_tc2). The same function up to summation order.
 void set_moe_f8(bool on);
 int64_t moe_f8_launches();  // launches of it since the process started (tests)
-// ... or the f16 wgmma kernel (moe_wg.cuh) where the scratch has room (ExpertArgs::xg_bytes): DSV4_MOE_WG /
-// set_moe_wg: 0 never; 1 v2; 2 its two-blocks-per-SM variant; 3 that with an early stage barrier; 4 the
-// two-blocks-per-SM step on 128-slot tiles (one block per SM); 5 / 6 the BF16 kernel with the scales folded into
-// its operands (moe_wb.cuh; 6 double-buffers its A registers); kMoeWgAuto (the default) moe_wg_effective(). The
-// same function up to summation order.
+// ... or the wgmma kernels where the scratch has room (ExpertArgs::xg_bytes): DSV4_MOE_WG / set_moe_wg: 0 never;
+// 1 .. 4 the f16 kernel's variants (moe_wg.cuh); 5 .. 10 the BF16 kernel with the scales folded into its operands
+// (moe_wb.cuh: 5 / 6 two warpgroups x 64 slots, 7 / 8 four warpgroups x 64 / 128 slots, 9 / 10 = 8 / 7 with the
+// activations bulk-copied); kMoeWgAuto (the default) moe_wg_effective(). The same function up to summation order.
 constexpr int kMoeWgAuto = -1;
 void set_moe_wg(int mode);
 int moe_wg_mode();
-// The variant kMoeWgAuto takes for nk grouped slots over E experts (0: expert_f8): 2 for gate/up; for down 2 from 96
-// slots per expert on average (measured slower at 48, faster at 192; docs/BENCHMARKS.md, session 15).
+// The variant kMoeWgAuto takes for nk grouped slots over E experts: 9 (measured fastest at 2K and 8K prompts;
+// docs/BENCHMARKS.md, session 17).
 int moe_wg_effective(bool gate_up, int64_t nk, int E);
 // Their cp.async pipeline: 4 stages (default) or 8 (DSV4_MOE_PREFILL_STAGES=8; measured no faster, session 15).
 void set_moe_prefill_stages(int stages);

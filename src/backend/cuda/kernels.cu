@@ -3043,7 +3043,7 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
   const std::string v = e ? e : "";
-  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : v == "5" ? 5 : v == "6" ? 6 : v == "7" ? 7 : v == "8" ? 8 : v == "9" ? 9 : v == "10" ? 10 : kMoeWgAuto;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : v == "5" ? 5 : v == "6" ? 6 : v == "7" ? 7 : v == "8" ? 8 : v == "9" ? 9 : v == "10" ? 10 : v == "11" ? 11 : kMoeWgAuto;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of expert_f8 and the one-block expert_wg: 4, or 8 (DSV4_MOE_PREFILL_STAGES=8 /
@@ -3097,24 +3097,27 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
     return;
   }
   if (f8 && wg >= 9 && k128 && (K / kF8K) % kWgGroup == 0 && a.E <= 1024 &&
-      (wg == 9 ? wbt_scratch_bytes<128>(nk, K, a.E) : wbt_scratch_bytes<64>(nk, K, a.E)) <= cap) {
+      (wg != 10 ? wbt_scratch_bytes<128>(nk, K, a.E) : wbt_scratch_bytes<64>(nk, K, a.E)) <= cap) {
     // expert_wb with its B operand through bulk copies of per-tile images (moe_wb.cuh, kBulk): 9 four warpgroups x
-    // 128 slots, 10 four warpgroups x 64 slots (two A sets).
-    const int slots = wg == 9 ? 128 : 64;
-    const int64_t mt = wg == 9 ? wbt_max_tiles<128>(nk, a.E) : wbt_max_tiles<64>(nk, a.E);
-    const int64_t toff = wg == 9 ? wbt_tiles_offset<128>(nk, K, a.E) : wbt_tiles_offset<64>(nk, K, a.E);
+    // 128 slots, 10 four warpgroups x 64 slots (two A sets), 11 = 9 in pairs of blocks sharing each B copy (kPair).
+    const bool wide = wg != 10;
+    const int slots = wide ? 128 : 64;
+    const int64_t mt = wide ? wbt_max_tiles<128>(nk, a.E) : wbt_max_tiles<64>(nk, a.E);
+    const int64_t toff = wide ? wbt_tiles_offset<128>(nk, K, a.E) : wbt_tiles_offset<64>(nk, K, a.E);
     int32_t* tiles = reinterpret_cast<int32_t*>(xg + toff);
-    launch(wg == 9 ? moe_wbt_tiles_kernel<128> : moe_wbt_tiles_kernel<64>, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets,
+    launch(wide ? moe_wbt_tiles_kernel<128> : moe_wbt_tiles_kernel<64>, dim3(1), (a.E + 31) / 32 * 32, 0, s, a.offsets,
            a.E, mt, tiles, tiles + mt + 1);
     DSV4_LAUNCHED();
-    launch(wg == 9 ? moe_gather_wbt_kernel<128> : moe_gather_wbt_kernel<64>, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)),
+    launch(wide ? moe_gather_wbt_kernel<128> : moe_gather_wbt_kernel<64>, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)),
            256, 0, s, GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets, a.E, GATE_UP ? a.k : 1, xg);
     DSV4_LAUNCHED();
     const dim3 gridw(blocks_for(R, GATE_UP ? 128 : 256), static_cast<unsigned>(mt));
     const size_t sm = wb_smem_bytes(4, slots);
-    auto* kernel = wg == 9 ? expert_wb<GATE_UP, false, 4, 128, true> : expert_wb<GATE_UP, true, 4, 64, true>;
+    auto* kernel = wg == 11 ? expert_wb<GATE_UP, false, 4, 128, true, true>
+                   : wg == 9 ? expert_wb<GATE_UP, false, 4, 128, true> : expert_wb<GATE_UP, true, 4, 64, true>;
     allow_smem(kernel, sm);
-    launch(kernel, gridw, 512, sm, s, a, static_cast<const uint8_t*>(xg));
+    if (wg == 11) launch_clustered(2, kernel, dim3((gridw.x + 1) / 2 * 2, gridw.y), 512, sm, s, a, static_cast<const uint8_t*>(xg));
+    else launch(kernel, gridw, 512, sm, s, a, static_cast<const uint8_t*>(xg));
     DSV4_LAUNCHED();
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -3150,7 +3153,7 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(int mode) {
-  if ((mode < 0 || mode > 10) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1 .. 10 or kMoeWgAuto (got ", mode, ")");
+  if ((mode < 0 || mode > 11) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1 .. 11 or kMoeWgAuto (got ", mode, ")");
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }

@@ -131,6 +131,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
                  : "memory");
   } while (!done);
 }
+// The same bytes into this shared-memory offset of every CTA of the cluster in mask, each CTA's mbarrier at bar's
+// offset taking the completion.
+__device__ __forceinline__ void bulk_copy_mc(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint16_t mask) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "h"(mask) : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
@@ -180,8 +194,13 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 // memory. Why wider blocks (ncu, session 17: expert_wb at kWG 2 / 64 slots ran L2-bound, 70 % of the L2's throughput,
 // IPC 0.95): every block reads its slot tile's activations (kSlots x K BF16) and its row tile's weights, so the L2
 // traffic per FLOP falls with both tile sides -- 4 warpgroups halve the activation reads, 128 slots the weight reads.
-template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false>
+// kPair (DSV4_MOE_WG=11, with kBulk): clusters of two blocks, neighbouring row tiles of the same slot tile; each
+// block bulk-copies half of a stage's B image into both (multicast), so the L2 serves each tile's activations once
+// per pair; the stage barrier becomes a cluster barrier (a slot is refilled only when both blocks are done with it).
+// The grid's x is even (a block past R recomputes the last rows and stores nothing).
+template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false>
 __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertArgs a, const uint8_t* xg) {
+  static_assert(!kPair || kBulk, "pairs multicast the bulk copies");
   static_assert((kWG == 2 || kWG == 4) && (kSlots == 64 || kSlots == 128), "2 or 4 warpgroups, 64 or 128 slots");
   static_assert(!kDbl || kSlots == 64, "two A register sets: 64-slot tiles only (registers)");
   constexpr int kS = kWbStages, kRows = 64 * kWG, kThreads = 128 * kWG, kLbo = kSlots / 8 * 128, kAcc = kSlots / 2;
@@ -239,7 +258,12 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
           if (lane == 0) mbar_expect_tx(&full[ks % kS], 16 * nb_bytes);
           __syncwarp();
           const uint8_t* img = xg + (static_cast<int64_t>(blockIdx.y) * nks + ks) * (kSlots * 256);
-          if (lane < 16) bulk_copy(bst + lane * kLbo, img + lane * kLbo, nb_bytes, &full[ks % kS]);
+          if constexpr (kPair) {  // k-blocks 8 rank .. + 7 into both blocks
+            const int kbk = 8 * static_cast<int>(cluster_rank()) + lane;
+            if (lane < 8) bulk_copy_mc(bst + kbk * kLbo, img + kbk * kLbo, nb_bytes, &full[ks % kS], 0x3);
+          } else {
+            if (lane < 16) bulk_copy(bst + lane * kLbo, img + lane * kLbo, nb_bytes, &full[ks % kS]);
+          }
         }
       } else {
 #pragma unroll
@@ -256,7 +280,8 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
       for (int i = 0; i < kS; ++i) mbar_init(&full[i], 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the bulk copies' complete_tx
     }
-    __syncthreads();
+    if constexpr (kPair) cluster_sync_all();  // the pair's barriers are initialised before either multicasts
+    else __syncthreads();
   }
 #pragma unroll
   for (int p = 0; p < kS - 1; ++p) issue(p);
@@ -317,7 +342,9 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   auto next_stage = [&](int ks) {  // stage ks + 1 landed for every thread, stage ks - 1's slot refilled
     cp_async_wait<kS - 3>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();  // stage ks - 1 is no longer read (its wgmmas were waited for, its A registers built)
+    // Stage ks - 1 is no longer read (its wgmmas were waited for, its A registers built) -- by either block of a pair.
+    if constexpr (kPair) cluster_sync_all();
+    else __syncthreads();
     issue(ks + kS - 1);
   };
   if constexpr (!kDbl) {
@@ -350,6 +377,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   }
   wg_fence_acc(acc);
   cp_async_wait<0>();
+  if constexpr (kPair) cluster_sync_all();  // neither block leaves while its pair may still write into it
   // Epilogue (expert_wg's): acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q; times 2^(base - 1).
   const float rf0 = __uint_as_float((253u - (k0 >> 7 & 0xFF)) << 23), rf8 = __uint_as_float((253u - (k8 >> 7 & 0xFF)) << 23);
 #pragma unroll

@@ -3036,7 +3036,8 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // expert_wg (f16): 1 v2 (one block per SM, promotion overlapped); 2 two blocks per SM (kTwo); 3 kTwo with the stage
 // barrier while the wgmmas run (kEarlyBar); 4 kTwo's step on 128-slot tiles (measured slower, session 17: 8K gate/up
 // 256.4 vs 211.1 ms); expert_wb (BF16, scales folded): 5 / 6 two warpgroups x 64 slots (6 two A sets); 7 / 8 four
-// warpgroups x 64 (two A sets) / 128 slots; 9 / 10 = 8 / 7 with the B operand bulk-copied; unset / kMoeWgAuto:
+// warpgroups x 64 (two A sets) / 128 slots; 9 / 10 = 8 / 7 with the B operand bulk-copied; 11 = 9 in block pairs
+// multicasting each copy (measured slower: gate/up 120.9 vs 114.5 ms, session 17); unset / kMoeWgAuto:
 // moe_wg_effective() (9). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
 // layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
 // / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.

@@ -32,7 +32,7 @@
 // rows' scale words, the slots' BF16 values (kSlots x 128 x 2 bytes).
 constexpr int wb_stage_bytes(int wgs, int slots) { return 64 * wgs * (64 + 4) + slots * kF8K * 2; }
 constexpr int kWbStages = 4;
-constexpr size_t wb_smem_bytes(int wgs, int slots) { return size_t{kWbStages} * wb_stage_bytes(wgs, slots) + 64 * wgs * 4 + kWbStages * 8; }
+constexpr size_t wb_smem_bytes(int wgs, int slots) { return size_t{kWbStages} * wb_stage_bytes(wgs, slots) + 64 * wgs * 4 + kWbStages * 16; }
 
 // The scratch: BF16 values [slots][K] (K permuted as expert_wg's codes), then the work list.
 __host__ __device__ inline int64_t wb_tiles_offset(int64_t nk, int64_t K) { return (nk * K * 2 + 15) / 16 * 16; }
@@ -122,6 +122,9 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   do {
@@ -198,9 +201,15 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 // block bulk-copies half of a stage's B image into both (multicast), so the L2 serves each tile's activations once
 // per pair; the stage barrier becomes a cluster barrier (a slot is refilled only when both blocks are done with it).
 // The grid's x is even (a block past R recomputes the last rows and stores nothing).
-template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false>
+// kWgSync (DSV4_MOE_WG=12, with kBulk; compiled only so far, session 17): no block-wide barrier per step (ncu, mode
+// 9: 23 % of the stall samples at it). Each warpgroup copies its own 64 weight rows and their scale words and syncs
+// with a named barrier of its 128 threads; the shared B slot is refilled only when every warpgroup has arrived on
+// the slot's "empty" mbarrier (after waiting for its wgmmas of that step), which warp 0 waits for before the bulk
+// copies.
+template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false, bool kWgSync = false>
 __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertArgs a, const uint8_t* xg) {
   static_assert(!kPair || kBulk, "pairs multicast the bulk copies");
+  static_assert(!kWgSync || (kBulk && !kPair && !kDbl), "per-warpgroup sync: bulk B, one block, one A set");
   static_assert((kWG == 2 || kWG == 4) && (kSlots == 64 || kSlots == 128), "2 or 4 warpgroups, 64 or 128 slots");
   static_assert(!kDbl || kSlots == 64, "two A register sets: 64-slot tiles only (registers)");
   constexpr int kS = kWbStages, kRows = 64 * kWG, kThreads = 128 * kWG, kLbo = kSlots / 8 * 128, kAcc = kSlots / 2;
@@ -210,6 +219,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   extern __shared__ __align__(1024) uint8_t smem[];
   uint32_t* row_k = reinterpret_cast<uint32_t*>(smem + kS * kStage);  // [kRows]: (127 - base) x 0x00800080
   uint64_t* full = reinterpret_cast<uint64_t*>(row_k + kRows);        // [kS] kBulk: a stage's B has landed
+  uint64_t* empty = full + kS;                                        // [kS] kWgSync: every warpgroup is done with it
   const int64_t K = GATE_UP ? a.d : a.I, R = GATE_UP ? a.I : a.d, nk = static_cast<int64_t>(a.n) * a.k;
   int e, ns;
   int32_t s0;
@@ -249,7 +259,11 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
         const int c = a_c0 + i;
         cp_async16(st + a_row * 64 + 16 * (c ^ ((a_row >> 1) & 3)), w + 16 * c);
       }
-      if (tid < kRows) cp_async4(st + kABytes + 4 * tid, s_src + 4 * ks);
+      if constexpr (kWgSync) {
+        if ((tid & 1) == 0) cp_async4(st + kABytes + 4 * a_row, a_scl + 4 * ks);  // this warpgroup's rows only
+      } else {
+        if (tid < kRows) cp_async4(st + kABytes + 4 * tid, s_src + 4 * ks);
+      }
       uint8_t* bst = st + kBOff;
       if constexpr (kBulk) {
         // Warp 0: the image's first ceil(ns / 8) 8-slot blocks of each of the 16 k-blocks, one bulk copy per lane.
@@ -278,6 +292,8 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   if constexpr (kBulk) {
     if (tid == 0) {
       for (int i = 0; i < kS; ++i) mbar_init(&full[i], 1);
+      if constexpr (kWgSync)
+        for (int i = 0; i < kS; ++i) mbar_init(&empty[i], kWG);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the bulk copies' complete_tx
     }
     if constexpr (kPair) cluster_sync_all();  // the pair's barriers are initialised before either multicasts
@@ -343,8 +359,16 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
     cp_async_wait<kS - 3>();
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     // Stage ks - 1 is no longer read (its wgmmas were waited for, its A registers built) -- by either block of a pair.
-    if constexpr (kPair) cluster_sync_all();
-    else __syncthreads();
+    if constexpr (kPair) {
+      cluster_sync_all();
+    } else if constexpr (kWgSync) {
+      // This warpgroup's copies of stage ks + 1 have landed and it no longer reads its rows of stage ks - 1; warp 0
+      // (which refills the shared B) waits until every warpgroup is done with stage ks - 1.
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + (tid >> 7)) : "memory");
+      if (warp == 0 && ks >= 1 && ks + kS - 1 < nks) mbar_wait(&empty[(ks - 1) % kS], static_cast<uint32_t>((ks - 1) / kS) & 1);
+    } else {
+      __syncthreads();
+    }
     issue(ks + kS - 1);
   };
   if constexpr (!kDbl) {
@@ -354,6 +378,9 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
       mma_step(ks, av);
       next_stage(ks);  // while the wgmmas run
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      if constexpr (kWgSync) {
+        if ((tid & 127) == 0) mbar_arrive(&empty[ks % kS]);  // this warpgroup is done with stage ks's B
+      }
       build_a(stage(ks + 1), av);  // past the last step: a stale stage, never used
     }
   } else {

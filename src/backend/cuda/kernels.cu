@@ -3038,7 +3038,7 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // 256.4 vs 211.1 ms); expert_wb (BF16, scales folded): 5 / 6 two warpgroups x 64 slots (6 two A sets); 7 / 8 four
 // warpgroups x 64 (two A sets) / 128 slots; 9 / 10 = 8 / 7 with the B operand bulk-copied; 11 = 9 in block pairs
 // multicasting each copy (measured slower: gate/up 120.9 vs 114.5 ms, session 17); 12 = 9 with per-warpgroup
-// barriers (compiled only, session 17); unset / kMoeWgAuto:
+// barriers (measured no faster, session 17); unset / kMoeWgAuto:
 // moe_wg_effective() (9). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
 // layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
 // / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.
@@ -3102,7 +3102,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
       (wg != 10 ? wbt_scratch_bytes<128>(nk, K, a.E) : wbt_scratch_bytes<64>(nk, K, a.E)) <= cap) {
     // expert_wb with its B operand through bulk copies of per-tile images (moe_wb.cuh, kBulk): 9 four warpgroups x
     // 128 slots, 10 four warpgroups x 64 slots (two A sets), 11 = 9 in pairs of blocks sharing each B copy (kPair),
-    // 12 = 9 with per-warpgroup barriers (kWgSync; compiled only, session 17).
+    // 12 = 9 with per-warpgroup barriers (kWgSync; measured no faster).
     const bool wide = wg != 10;
     const int slots = wide ? 128 : 64;
     const int64_t mt = wide ? wbt_max_tiles<128>(nk, a.E) : wbt_max_tiles<64>(nk, a.E);

@@ -207,8 +207,15 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 // with a named barrier of its 128 threads; the shared B slot is refilled only when every warpgroup has arrived on
 // the slot's "empty" mbarrier (after waiting for its wgmmas of that step), which warp 0 waits for before the bulk
 // copies.
-template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false, bool kWgSync = false>
+// kNarrow (DSV4_MOE_WG=13, with 128-slot tiles; compiled only, session 17): a tile of <= 64 slots (an expert's last,
+// partial tile: at an 8K Flash prompt ~192 slots per expert, so about every other tile) runs m64n64 wgmmas on the
+// first half of the accumulators instead of m64n128 on zeros-and-garbage columns -- half the tensor work and a
+// shorter wgmma wait per step there. The n64 accumulator fragment is the n128 one's first 32 registers (8-column
+// blocks in order) and its B the first 8 of the tile's 16 slot blocks: the same descriptor.
+template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false, bool kWgSync = false,
+          bool kNarrow = false>
 __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertArgs a, const uint8_t* xg) {
+  static_assert(!kNarrow || (kSlots == 128 && !kDbl), "narrow tail tiles: 128-slot tiles, one A set");
   static_assert(!kPair || kBulk, "pairs multicast the bulk copies");
   static_assert(!kWgSync || (kBulk && !kPair && !kDbl), "per-warpgroup sync: bulk B, one block, one A set");
   static_assert((kWG == 2 || kWG == 4) && (kSlots == 64 || kSlots == 128), "2 or 4 warpgroups, 64 or 128 slots");
@@ -372,7 +379,32 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
     }
     issue(ks + kS - 1);
   };
-  if constexpr (!kDbl) {
+  if constexpr (kNarrow) {
+    // The same loop as below with the step's wgmmas chosen once per block: m64n64 for a tile of <= 64 slots.
+    uint32_t av[4][2][4];
+    build_a(stage(0), av);
+    float(&acc64)[32] = *reinterpret_cast<float(*)[32]>(acc);
+    auto run = [&](auto Narrow) {
+      for (int ks = 0; ks < nks; ++ks) {
+        const WgaDesc bd = wga_desc(stage(ks) + kBOff, kLbo, 128);
+        if constexpr (kBulk) mbar_wait(&full[ks % kS], static_cast<uint32_t>(ks / kS) & 1);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers were written
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (decltype(Narrow)::value) wgmma_bf16_ra(acc64, av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
+            else wgmma_bf16_ra(acc, av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
+          }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        next_stage(ks);  // while the wgmmas run
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        build_a(stage(ks + 1), av);  // past the last step: a stale stage, never used
+      }
+    };
+    if (ns <= 64) run(std::true_type{});
+    else run(std::false_type{});
+  } else if constexpr (!kDbl) {
     uint32_t av[4][2][4];
     build_a(stage(0), av);
     for (int ks = 0; ks < nks; ++ks) {

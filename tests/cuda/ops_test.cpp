@@ -465,7 +465,7 @@ void run_experts_f8_vs_tc2(const cu::ExpertArgs& t, const vector<float>& x, int 
   const auto a0 = act0.get(), a1 = act1.get(), yy0 = y0.get(), yy1 = y1.get();
   const Stats sa = cmp(a1, a0), sy = cmp(yy1, yy0);
   std::printf("[op] experts %s vs tc2 n=%d d=%lld (unrounded, per-block magnitudes): gate/up rel L2 %.3g%s, down rel L2 %.3g\n",
-              wg == 13 ? "wgmma bf16 (bulk B, n64 wgmmas on narrow tiles)" : wg == 12 ? "wgmma bf16 (bulk B, per-warpgroup barriers)" : wg == 11 ? "wgmma bf16 (bulk B multicast to block pairs)" : wg == 10 ? "wgmma bf16 (bulk B, 64 slots)" : wg == 9 ? "wgmma bf16 (bulk B, 128 slots)" : wg == 8 ? "wgmma bf16 (4 warpgroups, 128 slots)" : wg == 7 ? "wgmma bf16 (4 warpgroups, 2 A sets)" : wg == 6 ? "wgmma bf16 (scales folded, 2 A sets)" : wg == 5 ? "wgmma bf16 (scales folded)" : wg == 4 ? "wgmma f16 (128-slot tiles)" : wg == 3 ? "wgmma f16 (2 blocks/SM, early barrier)" : wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
+              wg == 14 ? "wgmma bf16 (bulk B, 3 warpgroups, 2 A sets)" : wg == 13 ? "wgmma bf16 (bulk B, n64 wgmmas on narrow tiles)" : wg == 12 ? "wgmma bf16 (bulk B, per-warpgroup barriers)" : wg == 11 ? "wgmma bf16 (bulk B multicast to block pairs)" : wg == 10 ? "wgmma bf16 (bulk B, 64 slots)" : wg == 9 ? "wgmma bf16 (bulk B, 128 slots)" : wg == 8 ? "wgmma bf16 (4 warpgroups, 128 slots)" : wg == 7 ? "wgmma bf16 (4 warpgroups, 2 A sets)" : wg == 6 ? "wgmma bf16 (scales folded, 2 A sets)" : wg == 5 ? "wgmma bf16 (scales folded)" : wg == 4 ? "wgmma f16 (128-slot tiles)" : wg == 3 ? "wgmma f16 (2 blocks/SM, early barrier)" : wg == 2 ? "wgmma f16 (2 blocks/SM)" : wg ? "wgmma f16" : "W4A8 f8", n, static_cast<long long>(d), sa.rel, d % 128 == 0 ? "" : " (tc2 both: d % 128 != 0)", sy.rel);
   EXPECT_LE(sa.rel, 1e-5);  // the decode MMA walk vs its FMA walk: ~1.6e-7
   EXPECT_LE(sy.rel, 1e-5);
   for (float v : a1) ASSERT_TRUE(std::isfinite(v));
@@ -736,7 +736,7 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
                                                " grouped (expert_tc2)").c_str());
       // ... and on the wgmma kernel (moe_wg.cuh), both variants.
       cu::set_moe_f8(true);
-      for (int mode : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}) {
+      for (int mode : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}) {
         cu::set_moe_wg(mode);
         const int64_t w0 = cu::moe_wg_launches();
         b = a;
@@ -996,6 +996,7 @@ TEST(CudaOps, Mxfp4ExpertsPrefillScaleSpread) {
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 11);
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 12);
   run_experts_f8_vs_tc2(t, x, n, d, I, k, 13);
+  run_experts_f8_vs_tc2(t, x, n, d, I, k, 14);
   for (auto& l : devs) cu::free_linear(l);
 }
 

@@ -3038,15 +3038,15 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // 256.4 vs 211.1 ms); expert_wb (BF16, scales folded): 5 / 6 two warpgroups x 64 slots (6 two A sets); 7 / 8 four
 // warpgroups x 64 (two A sets) / 128 slots; 9 / 10 = 8 / 7 with the B operand bulk-copied; 11 = 9 in block pairs
 // multicasting each copy (measured slower: gate/up 120.9 vs 114.5 ms, session 17); 12 = 9 with per-warpgroup
-// barriers (measured no faster, session 17); 13 = 9 with m64n64 wgmmas on tiles of <= 64 slots (compiled only,
-// session 17); unset / kMoeWgAuto:
+// barriers (measured no faster, session 17); 13 = 9 with m64n64 wgmmas on tiles of <= 64 slots, 14 three
+// warpgroups x 128 slots with two A register sets (both compiled only, session 17); unset / kMoeWgAuto:
 // moe_wg_effective() (9). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
 // layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
 // / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.
 std::atomic<int> g_moe_wg_mode{[] {
   const char* e = std::getenv("DSV4_MOE_WG");
   const std::string v = e ? e : "";
-  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : v == "5" ? 5 : v == "6" ? 6 : v == "7" ? 7 : v == "8" ? 8 : v == "9" ? 9 : v == "10" ? 10 : v == "11" ? 11 : v == "12" ? 12 : v == "13" ? 13 : kMoeWgAuto;
+  return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : v == "4" ? 4 : v == "5" ? 5 : v == "6" ? 6 : v == "7" ? 7 : v == "8" ? 8 : v == "9" ? 9 : v == "10" ? 10 : v == "11" ? 11 : v == "12" ? 12 : v == "13" ? 13 : v == "14" ? 14 : kMoeWgAuto;
 }()};
 std::atomic<int64_t> g_moe_wg_launches{0};
 // Pipeline stages of expert_f8 and the one-block expert_wg: 4, or 8 (DSV4_MOE_PREFILL_STAGES=8 /
@@ -3104,7 +3104,7 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
     // expert_wb with its B operand through bulk copies of per-tile images (moe_wb.cuh, kBulk): 9 four warpgroups x
     // 128 slots, 10 four warpgroups x 64 slots (two A sets), 11 = 9 in pairs of blocks sharing each B copy (kPair),
     // 12 = 9 with per-warpgroup barriers (kWgSync; measured no faster), 13 = 9 with m64n64 wgmmas for tiles of <= 64
-    // slots (kNarrow; compiled only, session 17).
+    // slots (kNarrow; compiled only, session 17), 14 three warpgroups x 128 slots with two A sets (compiled only).
     const bool wide = wg != 10;
     const int slots = wide ? 128 : 64;
     const int64_t mt = wide ? wbt_max_tiles<128>(nk, a.E) : wbt_max_tiles<64>(nk, a.E);
@@ -3116,16 +3116,18 @@ void launch_tc2(const ExpertArgs& a, cudaStream_t s) {
     launch(wide ? moe_gather_wbt_kernel<128> : moe_gather_wbt_kernel<64>, dim3(static_cast<unsigned>(nk), blocks_for(K / 128, 8)),
            256, 0, s, GATE_UP ? a.x : a.act_q, K, a.perm, a.offsets, a.E, GATE_UP ? a.k : 1, xg);
     DSV4_LAUNCHED();
-    const dim3 gridw(blocks_for(R, GATE_UP ? 128 : 256), static_cast<unsigned>(mt));
-    const size_t sm = wb_smem_bytes(4, slots);
-    auto* kernel = wg == 13   ? expert_wb<GATE_UP, false, 4, 128, true, false, false, true>
+    const int wgs = wg == 14 ? 3 : 4;
+    const dim3 gridw(blocks_for(R, GATE_UP ? 32 * wgs : 64 * wgs), static_cast<unsigned>(mt));
+    const size_t sm = wb_smem_bytes(wgs, slots);
+    auto* kernel = wg == 14   ? expert_wb<GATE_UP, true, 3, 128, true>
+                   : wg == 13 ? expert_wb<GATE_UP, false, 4, 128, true, false, false, true>
                    : wg == 12 ? expert_wb<GATE_UP, false, 4, 128, true, false, true>
                    : wg == 11 ? expert_wb<GATE_UP, false, 4, 128, true, true>
                    : wg == 9  ? expert_wb<GATE_UP, false, 4, 128, true>
                               : expert_wb<GATE_UP, true, 4, 64, true>;
     allow_smem(kernel, sm);
     if (wg == 11) launch_clustered(2, kernel, dim3((gridw.x + 1) / 2 * 2, gridw.y), 512, sm, s, a, static_cast<const uint8_t*>(xg));
-    else launch(kernel, gridw, 512, sm, s, a, static_cast<const uint8_t*>(xg));
+    else launch(kernel, gridw, 128 * wgs, sm, s, a, static_cast<const uint8_t*>(xg));
     DSV4_LAUNCHED();
     g_moe_wg_launches.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -3161,7 +3163,7 @@ void set_moe_tc2(bool on) { g_moe_tc2_on.store(on, std::memory_order_relaxed); }
 void set_moe_f8(bool on) { g_moe_f8_on.store(on, std::memory_order_relaxed); }
 int64_t moe_f8_launches() { return g_moe_f8_launches.load(std::memory_order_relaxed); }
 void set_moe_wg(int mode) {
-  if ((mode < 0 || mode > 13) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1 .. 13 or kMoeWgAuto (got ", mode, ")");
+  if ((mode < 0 || mode > 14) && mode != kMoeWgAuto) fail("set_moe_wg: 0 (off), 1 .. 14 or kMoeWgAuto (got ", mode, ")");
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }

@@ -212,14 +212,20 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 // first half of the accumulators instead of m64n128 on zeros-and-garbage columns -- half the tensor work and a
 // shorter wgmma wait per step there. The n64 accumulator fragment is the n128 one's first 32 registers (8-column
 // blocks in order) and its B the first 8 of the tile's 16 slot blocks: the same descriptor.
+// kWG 3 with kDbl (DSV4_MOE_WG=14, 128-slot tiles, bulk B; compiled only, session 17): each warpgroup converts the
+// next step's weights into its second A register set while its wgmmas run (mode 9's warpgroups wait for their
+// wgmmas before converting: ~41 % tensor, ~36 % issue utilisation); the registers that takes leave room for three
+// warpgroups (192 weight rows) per SM instead of four.
 template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false, bool kWgSync = false,
           bool kNarrow = false>
 __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertArgs a, const uint8_t* xg) {
   static_assert(!kNarrow || (kSlots == 128 && !kDbl), "narrow tail tiles: 128-slot tiles, one A set");
   static_assert(!kPair || kBulk, "pairs multicast the bulk copies");
   static_assert(!kWgSync || (kBulk && !kPair && !kDbl), "per-warpgroup sync: bulk B, one block, one A set");
-  static_assert((kWG == 2 || kWG == 4) && (kSlots == 64 || kSlots == 128), "2 or 4 warpgroups, 64 or 128 slots");
-  static_assert(!kDbl || kSlots == 64, "two A register sets: 64-slot tiles only (registers)");
+  static_assert((kWG == 2 || kWG == 4 || (kWG == 3 && kBulk)) && (kSlots == 64 || kSlots == 128),
+                "2 or 4 warpgroups (3 with bulk-copied B), 64 or 128 slots");
+  // Two A register sets at 128 slots: 64 accumulators + 64 A registers, ~160 registers: three warpgroups (384 threads).
+  static_assert(!kDbl || kSlots == 64 || kWG == 3, "two A register sets: 64-slot tiles, or 128 with three warpgroups");
   constexpr int kS = kWbStages, kRows = 64 * kWG, kThreads = 128 * kWG, kLbo = kSlots / 8 * 128, kAcc = kSlots / 2;
   constexpr int kABytes = kRows * 64, kBOff = kABytes + kRows * 4, kStage = wb_stage_bytes(kWG, kSlots);
   constexpr int kTps = kThreads / kSlots, kKbPer = 16 / kTps;  // threads per slot's values, 16-byte k-blocks per thread

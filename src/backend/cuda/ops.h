@@ -406,7 +406,8 @@ int64_t moe_f8_launches();  // launches of it since the process started (tests)
 // 1 .. 4 the f16 kernel's variants (moe_wg.cuh); 5 .. 10 the BF16 kernel with the scales folded into its operands
 // (moe_wb.cuh: 5 / 6 two warpgroups x 64 slots, 7 / 8 four warpgroups x 64 / 128 slots, 9 / 10 = 8 / 7 with the
 // activations bulk-copied, 11 = 9 in block pairs multicasting each copy, 12 = 9 with per-warpgroup barriers instead
-// of the block's, 13 = 9 with half-width wgmmas on tiles of <= 64 slots); kMoeWgAuto (the default)
+// of the block's, 13 = 9 with half-width wgmmas on tiles of <= 64 slots, 14 three warpgroups x 128 slots with two A
+// register sets); kMoeWgAuto (the default)
 // moe_wg_effective(). The same function up to summation order.
 constexpr int kMoeWgAuto = -1;
 void set_moe_wg(int mode);

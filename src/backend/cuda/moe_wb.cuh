@@ -202,11 +202,11 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 // per pair; the stage barrier becomes a cluster barrier (a slot is refilled only when both blocks are done with it).
 // The grid's x is even (a block past R recomputes the last rows and stores nothing).
 // kWgSync (DSV4_MOE_WG=12, with kBulk): no block-wide barrier per step (ncu, mode 9: 23 % of the stall samples at
-// it) -- measured no faster (session 17, 8 Flash layers at 8K: gate/up 46.8 vs 46.8 ms, down 27.0 vs 27.3): the warps
-// at the barrier were waiting for data, not for the barrier. Each warpgroup copies its own 64 weight rows and their scale words and syncs
-// with a named barrier of its 128 threads; the shared B slot is refilled only when every warpgroup has arrived on
-// the slot's "empty" mbarrier (after waiting for its wgmmas of that step), which warp 0 waits for before the bulk
-// copies.
+// it). Each warpgroup copies its own 64 weight rows and their scale words and syncs with a named barrier of its 128
+// threads; the shared B slot is refilled only when every warpgroup has arrived on the slot's "empty" mbarrier (after
+// waiting for its wgmmas of that step), which warp 0 waits for before the bulk copies. Measured no faster (session
+// 17, 8 Flash layers at 8K: gate/up 46.8 vs 46.8 ms, down 27.0 vs 27.3): the warps at the barrier were waiting for
+// data, not for the barrier.
 // kNarrow (DSV4_MOE_WG=13, with 128-slot tiles; compiled only, session 17): a tile of <= 64 slots (an expert's last,
 // partial tile: at an 8K Flash prompt ~192 slots per expert, so about every other tile) runs m64n64 wgmmas on the
 // first half of the accumulators instead of m64n128 on zeros-and-garbage columns -- half the tensor work and a
@@ -219,7 +219,7 @@ __device__ __forceinline__ void wgmma_bf16_ra(float (&d)[NACC], const uint32_t (
 template <bool GATE_UP, bool kDbl, int kWG, int kSlots, bool kBulk = false, bool kPair = false, bool kWgSync = false,
           bool kNarrow = false>
 __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertArgs a, const uint8_t* xg) {
-  static_assert(!kNarrow || (kSlots == 128 && !kDbl), "narrow tail tiles: 128-slot tiles, one A set");
+  static_assert(!kNarrow || (kSlots == 128 && !kDbl && !kWgSync), "narrow tail tiles: 128-slot tiles, one A set");
   static_assert(!kPair || kBulk, "pairs multicast the bulk copies");
   static_assert(!kWgSync || (kBulk && !kPair && !kDbl), "per-warpgroup sync: bulk B, one block, one A set");
   static_assert((kWG == 2 || kWG == 4 || (kWG == 3 && kBulk)) && (kSlots == 64 || kSlots == 128),

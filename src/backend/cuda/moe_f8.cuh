@@ -49,8 +49,9 @@ __device__ __forceinline__ float* f8_xscales(uint8_t* xg, int64_t nk, int64_t K)
 // expert, slot tile) spreads every tile over the grid. One block of E threads (E <= 1024): tiles[i] = e << 16 | j
 // for the j-th kSlots-slot tile of expert e, in expert order; tiles[max] = their count. (kSlots 128: expert_wg's wide
 // variant; max, sized for 64-slot tiles, bounds it.)
-template <int kSlots = kF8Slots>
-__global__ void moe_f8_tiles_kernel(const int32_t* offsets, int E, int64_t max, int32_t* tiles) {
+// kFirst (moe_wb.cuh's bulk-copy variant): also first[e] = the index of expert e's first entry.
+template <int kSlots, bool kFirst>
+__device__ __forceinline__ void f8_tiles(const int32_t* offsets, int E, int64_t max, int32_t* tiles, int32_t* first) {
   pdl_wait();
   __shared__ int32_t start[1025];
   const int e = threadIdx.x;
@@ -63,7 +64,14 @@ __global__ void moe_f8_tiles_kernel(const int32_t* offsets, int E, int64_t max, 
     tiles[max] = start[E];
   }
   __syncthreads();
+  if constexpr (kFirst) {
+    if (e < E) first[e] = start[e];
+  }
   for (int j = 0; j < nt; ++j) tiles[start[e] + j] = (e << 16) | j;
+}
+template <int kSlots = kF8Slots>
+__global__ void moe_f8_tiles_kernel(const int32_t* offsets, int E, int64_t max, int32_t* tiles) {
+  f8_tiles<kSlots, false>(offsets, E, max, tiles, nullptr);
 }
 
 // The gathers' common part: warp (slot p, 128-column block b) of grid (nk, ceil(K / 128 / 8)) x 256 threads loads

@@ -71,20 +71,7 @@ __host__ __device__ inline int64_t wbt_scratch_bytes(int64_t nk, int64_t K, int 
 // moe_f8_tiles_kernel's work list (tiles[max] = count) plus first[e] = the index of expert e's first entry.
 template <int kSlots>
 __global__ void moe_wbt_tiles_kernel(const int32_t* offsets, int E, int64_t max, int32_t* tiles, int32_t* first) {
-  pdl_wait();
-  __shared__ int32_t start[1025];
-  const int e = threadIdx.x;
-  const int nt = e < E ? (offsets[e + 1] - offsets[e] + kSlots - 1) / kSlots : 0;
-  if (e < E) start[e + 1] = nt;
-  __syncthreads();
-  if (e == 0) {
-    start[0] = 0;
-    for (int i = 1; i <= E; ++i) start[i] += start[i - 1];
-    tiles[max] = start[E];
-  }
-  __syncthreads();
-  if (e < E) first[e] = start[e];
-  for (int j = 0; j < nt; ++j) tiles[start[e] + j] = (e << 16) | j;
+  f8_tiles<kSlots, true>(offsets, E, max, tiles, first);
 }
 
 // The images: warp (slot p, 128-column block b) writes its 128 values into image (T, b) of p's tile T, at p's place
@@ -358,15 +345,19 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-  // A step's 8 wgmmas (k16 steps 2c + h of the 4 chunks) on the stage's B.
-  auto mma_step = [&](int ks, const uint32_t (&av)[4][2][4]) {
+  // A step's 8 wgmmas (k16 steps 2c + h of the 4 chunks) on the stage's B; Narrow (std::true_type): m64n64 on the
+  // first half of the accumulators (kNarrow's tiles of <= 64 slots).
+  auto mma_step = [&](int ks, const uint32_t (&av)[4][2][4], auto Narrow) {
     const WgaDesc bd = wga_desc(stage(ks) + kBOff, kLbo, 128);
     if constexpr (kBulk) mbar_wait(&full[ks % kS], static_cast<uint32_t>(ks / kS) & 1);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers were written
 #pragma unroll
     for (int c = 0; c < 4; ++c)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) wgmma_bf16_ra(acc, av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (decltype(Narrow)::value) wgmma_bf16_ra(*reinterpret_cast<float(*)[32]>(acc), av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
+        else wgmma_bf16_ra(acc, av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
+      }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   };
   auto next_stage = [&](int ks) {  // stage ks + 1 landed for every thread, stage ks - 1's slot refilled
@@ -385,49 +376,32 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
     }
     issue(ks + kS - 1);
   };
-  if constexpr (kNarrow) {
-    // The same loop as below with the step's wgmmas chosen once per block: m64n64 for a tile of <= 64 slots.
+  if constexpr (!kDbl) {
     uint32_t av[4][2][4];
     build_a(stage(0), av);
-    float(&acc64)[32] = *reinterpret_cast<float(*)[32]>(acc);
     auto run = [&](auto Narrow) {
       for (int ks = 0; ks < nks; ++ks) {
-        const WgaDesc bd = wga_desc(stage(ks) + kBOff, kLbo, 128);
-        if constexpr (kBulk) mbar_wait(&full[ks % kS], static_cast<uint32_t>(ks / kS) & 1);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // the A registers were written
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if constexpr (decltype(Narrow)::value) wgmma_bf16_ra(acc64, av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
-            else wgmma_bf16_ra(acc, av[c][h], wga_at(bd, (4 * c + 2 * h) * kLbo));
-          }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        mma_step(ks, av, Narrow);
         next_stage(ks);  // while the wgmmas run
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        if constexpr (kWgSync) {
+          if ((tid & 127) == 0) mbar_arrive(&empty[ks % kS]);  // this warpgroup is done with stage ks's B
+        }
         build_a(stage(ks + 1), av);  // past the last step: a stale stage, never used
       }
     };
-    if (ns <= 64) run(std::true_type{});
-    else run(std::false_type{});
-  } else if constexpr (!kDbl) {
-    uint32_t av[4][2][4];
-    build_a(stage(0), av);
-    for (int ks = 0; ks < nks; ++ks) {
-      mma_step(ks, av);
-      next_stage(ks);  // while the wgmmas run
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      if constexpr (kWgSync) {
-        if ((tid & 127) == 0) mbar_arrive(&empty[ks % kS]);  // this warpgroup is done with stage ks's B
-      }
-      build_a(stage(ks + 1), av);  // past the last step: a stale stage, never used
+    if constexpr (kNarrow) {  // the wgmma width chosen once per block
+      if (ns <= 64) run(std::true_type{});
+      else run(std::false_type{});
+    } else {
+      run(std::false_type{});
     }
   } else {
     uint32_t av[2][4][2][4];
     build_a(stage(0), av[0]);
     auto step = [&](auto J, int ks) {
       constexpr int j = decltype(J)::value, b = j & 1, o = 1 - b;
-      mma_step(ks, av[b]);
+      mma_step(ks, av[b], std::false_type{});
       if constexpr (j > 0) asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step ks - 1's: av[o] free
       next_stage(ks);
       build_a(stage(ks + 1), av[o]);

@@ -231,11 +231,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * (GATE_UP ? kRows / 2 : kRows);
   const uint16_t* xc = reinterpret_cast<const uint16_t*>(xg);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) {  // as expert_wg
-    const int wq = tr >> 4, i = tr & 15;
-    const bool second = GATE_UP && i >= 8;
-    mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? 8 * wq + (i & 7) : tr), R - 1), second, w, s);
-  };
+  auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) { wg_tile_row<GATE_UP>(E, a, K, R, r0, tr, w, s); };
   // Copies per stage: weights row tid / 2, chunks 2 (tid % 2) and + 1; the scale word of row tid (tid < kRows); slot
   // tid / kTps's values, 16-byte k-blocks kKbPer (tid % kTps) .. + kKbPer - 1 (zero-filled past the tile's slots).
   const int a_row = tid >> 1, a_c0 = 2 * (tid & 1);
@@ -418,29 +414,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   wg_fence_acc(acc);
   cp_async_wait<0>();
   if constexpr (kPair) cluster_sync_all();  // neither block leaves while its pair may still write into it
-  // Epilogue (expert_wg's): acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q; times 2^(base - 1).
+  // Epilogue: the rows times 2^(base - 1).
   const float rf0 = __uint_as_float((253u - (k0 >> 7 & 0xFF)) << 23), rf8 = __uint_as_float((253u - (k8 >> 7 & 0xFF)) << 23);
-#pragma unroll
-  for (int i = 0; i < kSlots / 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int sl = 8 * i + 2 * t + q;
-      if (sl >= ns) continue;
-      const int slot = a.perm[s0 + sl];
-      if (GATE_UP) {
-        const int64_t r = r0 + 8 * warp + g;
-        if (r >= R) continue;
-        float gv = acc[4 * i + q] * rf0, uv = acc[4 * i + 2 + q] * rf8;
-        if (a.official) gv = bf16r(gv), uv = bf16r(uv);
-        a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
-      } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t r = r0 + mrow + g + 8 * h;
-          if (r >= R) continue;
-          const float y = acc[4 * i + 2 * h + q] * (h ? rf8 : rf0);
-          a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
-        }
-      }
-    }
+  wg_store_tile<GATE_UP, kSlots>(a, acc, s0, ns, r0, R, warp, mrow, g, t, rf0, rf8);
 }

@@ -160,6 +160,45 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return r;
 }
 
+// Tile row tr of the wgmma expert kernels (warp tr / 16, its row tr % 16; r0 the tile's first row) -> its weight and
+// scale rows (rows past R recompute the last row): for gate/up a warp's rows 0..7 are w1 rows, 8..15 the same w3 rows.
+template <bool GATE_UP>
+__device__ __forceinline__ void wg_tile_row(const DevExpert& E, const ExpertArgs& a, int64_t K, int64_t R, int64_t r0, int tr,
+                                            const uint8_t*& w, const uint8_t*& s) {
+  const int wq = tr >> 4, i = tr & 15;
+  const bool second = GATE_UP && i >= 8;
+  mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? 8 * wq + (i & 7) : tr), R - 1), second, w, s);
+}
+// The wgmma expert kernels' epilogue: acc[4 i + 2 h + q] is row g + 8 h of the warp (tile rows mrow + ...), slot
+// 8 i + 2 t + q of the tile; rows g / g + 8 times rf0 / rf8 (expert_wb's row factors; 1 for expert_wg).
+template <bool GATE_UP, int kSlots, int kAcc>
+__device__ __forceinline__ void wg_store_tile(const ExpertArgs& a, const float (&acc)[kAcc], int32_t s0, int ns, int64_t r0,
+                                              int64_t R, int warp, int mrow, int g, int t, float rf0, float rf8) {
+#pragma unroll
+  for (int i = 0; i < kSlots / 8; ++i)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int sl = 8 * i + 2 * t + q;
+      if (sl >= ns) continue;
+      const int slot = a.perm[s0 + sl];
+      if (GATE_UP) {
+        const int64_t r = r0 + 8 * warp + g;
+        if (r >= R) continue;
+        float gv = acc[4 * i + q] * rf0, uv = acc[4 * i + 2 + q] * rf8;
+        if (a.official) gv = bf16r(gv), uv = bf16r(uv);
+        a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = r0 + mrow + g + 8 * h;
+          if (r >= R) continue;
+          const float y = acc[4 * i + 2 * h + q] * (h ? rf8 : rf0);
+          a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
+        }
+      }
+    }
+}
+
 // grid (ceil(R / (GATE_UP ? 64 : 128)), f8_max_tiles), 256 threads, kWgStages * kWgStageBytes of dynamic shared memory.
 // kWgStages: 4, or 8 with DSV4_MOE_PREFILL_STAGES=8.
 //
@@ -193,12 +232,7 @@ __global__ void __launch_bounds__(kF8Threads, kTwo && kSlots == kF8Slots ? 2 : 1
   const uint16_t* xc = reinterpret_cast<const uint16_t*>(xg);
   const float* xsc = wg_xscales(const_cast<uint8_t*>(xg), nk, K);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  // Tile row tr (0..127; warp tr / 16, its row tr % 16) -> weight and scale rows (rows past R recompute the last row).
-  auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) {
-    const int wq = tr >> 4, i = tr & 15;
-    const bool second = GATE_UP && i >= 8;
-    mxfp4_expert_row<GATE_UP>(E, a, K, min(r0 + (GATE_UP ? 8 * wq + (i & 7) : tr), R - 1), second, w, s);
-  };
+  auto wrow = [&](int tr, const uint8_t*& w, const uint8_t*& s) { wg_tile_row<GATE_UP>(E, a, K, R, r0, tr, w, s); };
   // Copies per stage: weights row tid / 2, chunks 2 (tid % 2) and + 1; scale word of row tid (tid < 128), scale of
   // slot tid - 128 (128 .. 128 + kSlots - 1); codes: slot tid / kTps, k-blocks kKbPer (tid % kTps) .. + kKbPer - 1
   // (16 bytes each; 64 slots: tid / 4, 4 k-blocks).
@@ -355,28 +389,5 @@ __global__ void __launch_bounds__(kF8Threads, kTwo && kSlots == kF8Slots ? 2 : 1
     }
   }
   cp_async_wait<0>();
-  // Epilogue: acc[4 i + 2 h + q] is row g + 8 h of the warp, slot 8 i + 2 t + q of the tile.
-#pragma unroll
-  for (int i = 0; i < kSlots / 8; ++i)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int sl = 8 * i + 2 * t + q;
-      if (sl >= ns) continue;
-      const int slot = a.perm[s0 + sl];
-      if (GATE_UP) {
-        const int64_t r = r0 + 8 * warp + g;
-        if (r >= R) continue;
-        float gv = acc[4 * i + q], uv = acc[4 * i + 2 + q];
-        if (a.official) gv = bf16r(gv), uv = bf16r(uv);
-        a.act[static_cast<int64_t>(slot) * a.I + r] = swiglu1(gv, uv, a.limit, a.wts ? a.wts[slot] : 1.0f, a.official);
-      } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t r = r0 + mrow + g + 8 * h;
-          if (r >= R) continue;
-          const float y = acc[4 * i + 2 * h + q];
-          a.y[static_cast<int64_t>(slot) * a.d + r] = a.official ? bf16r(y) : y;
-        }
-      }
-    }
+  wg_store_tile<GATE_UP, kSlots>(a, acc, s0, ns, r0, R, warp, mrow, g, t, 1.0f, 1.0f);
 }

@@ -13,7 +13,7 @@
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
 # per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0;
-# AB_LAYERS=N other depths, AB_PROMPT=T prompt tokens, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
+# AB_LAYERS=N other depths, AB_PROMPT="T1 T2 ..." prompt tokens, one A/B per size, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -158,34 +158,39 @@ if [ -n "${PROBE:-}" ]; then
     step probe 120 "$BUILD/probe" && cat "$OUT/probe.log" >> "$SUMMARY"
 fi
 
-# AB="VAR1 VAR2=V ...": the Flash bench (AB_LAYERS layers, default 20; AB_PROMPT tokens of prompt, default 2K) once per entry (VAR alone: VAR=0;
+# AB="VAR1 VAR2=V ...": the Flash bench (AB_LAYERS layers, default 20; AB_PROMPT tokens of prompt, default 2K, or
+# several prompt sizes "8192 2048": the whole A/B once per size) once per entry (VAR alone: VAR=0;
 # several variables in one entry joined by commas: A=1,B=2), after one with none; AB_REPS=N repeats that sequence N
 # times (base and variants alternate: drift shows).
 AB_LAYERS=${AB_LAYERS:-20}
 if [ -n "${AB:-}" ]; then
   ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms" "$1" | tr -s ' ' | tr '\n' ' '; }
-  for rep in $(seq 1 "${AB_REPS:-1}"); do
-    step "ab_base_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "${AB_PROMPT:-2048}"
-    note "- A/B (${AB_LAYERS}L, rep $rep) base: $(ab_line "$OUT/ab_base_r$rep.log")"
-    for v in $AB; do
-      case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
-      name=$(echo "$kv" | tr '=,' '__')
-      # shellcheck disable=SC2046  # the entry's comma-separated assignments become separate env arguments
-      step "ab_${name}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "${AB_PROMPT:-2048}"
-      note "- A/B (${AB_LAYERS}L, rep $rep) $kv: $(ab_line "$OUT/ab_${name}_r$rep.log")"
+  for prompt in ${AB_PROMPT:-2048}; do
+    for rep in $(seq 1 "${AB_REPS:-1}"); do
+      step "ab_base_p${prompt}_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt"
+      note "- A/B (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) base: $(ab_line "$OUT/ab_base_p${prompt}_r$rep.log")"
+      for v in $AB; do
+        case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
+        name=$(echo "$kv" | tr '=,' '__')
+        # shellcheck disable=SC2046  # the entry's comma-separated assignments become separate env arguments
+        step "ab_${name}_p${prompt}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt"
+        note "- A/B (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) $kv: $(ab_line "$OUT/ab_${name}_p${prompt}_r$rep.log")"
+      done
     done
   done
 fi
 # AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two; AB_REPS as above.
 if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then
   abt_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms" "$1" | tr -s ' ' | tr '\n' ' '; }
-  for rep in $(seq 1 "${AB_REPS:-1}"); do
-    for v in base $AB_TP; do
-      case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
-      name=$(echo "$kv" | tr '=,' '__')
-      # shellcheck disable=SC2046
-      step "abtp_${name}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt "${AB_PROMPT:-2048}"
-      note "- A/B TP2 (rep $rep) $kv: $(abt_line "$OUT/abtp_${name}_r$rep.log")"
+  for prompt in ${AB_PROMPT:-2048}; do
+    for rep in $(seq 1 "${AB_REPS:-1}"); do
+      for v in base $AB_TP; do
+        case "$v" in base) kv="DSV4_AB_BASE=1" ;; *=*) kv=$v ;; *) kv="$v=0" ;; esac
+        name=$(echo "$kv" | tr '=,' '__')
+        # shellcheck disable=SC2046
+        step "abtp_${name}_p${prompt}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers 20 --tp 2 --context 8192 --prompt "$prompt"
+        note "- A/B TP2 (${prompt}-token prompt, rep $rep) $kv: $(abt_line "$OUT/abtp_${name}_p${prompt}_r$rep.log")"
+      done
     done
   done
 fi

@@ -211,6 +211,16 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
     std::printf("[op] GEMM vs GEMV %s %lldx%lld n=%d (unrounded): rel L2 %.3g\n", official ? "official " : "reference",
                 (long long)out, (long long)in, n, st.rel);
     EXPECT_LE(st.rel, 2e-5) << "GEMM vs GEMV";
+    // The tuned algorithm choice (DSV4_GEMM_TUNE): another cuBLASLt kernel for the same GEMM, the same bound.
+    const bool tune_was = cu::prefill_gemm_tune();
+    cu::set_prefill_gemm_tune(true);
+    DBuf<float> dt(ref.size());
+    b.y = dt.p;
+    cu::linear(W, b, nullptr);
+    cu::set_prefill_gemm_tune(tune_was);
+    const Stats stt = cmp(dt.get(), dg.get());
+    std::printf("[op] GEMM (tuned algorithm) vs GEMV %lldx%lld n=%d: rel L2 %.3g\n", (long long)out, (long long)in, n, stt.rel);
+    EXPECT_LE(stt.rel, 2e-5) << "tuned GEMM vs GEMV";
   }
   // Single-token GEMVs with >= 2048 rows stream through the cp.async ring (gemv_ring.cuh); the v3 kernels compute
   // the same per-lane chunk order, so the two agree bit for bit where v3 does not split K (>= 4096 rows at n = 1,

@@ -88,6 +88,11 @@ void set_prefill_gemm(bool on);
 bool prefill_gemm_enabled();
 bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a);
 bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // false: not eligible, nothing launched
+// The prefill GEMM's cuBLASLt algorithm per shape: the heuristic's first choice (default), or with DSV4_GEMM_TUNE=1 /
+// set_prefill_gemm_tune(true) the fastest of its first 8 candidates, timed once per shape on first use (the host
+// waits then; the same GEMM up to fp32 summation order).
+void set_prefill_gemm_tune(bool on);
+bool prefill_gemm_tune();
 // BF16 terms needed to hold a dequantized weight of this format exactly (1: already BF16 values, up to 3: fp32).
 int bf16_terms(WeightFormat f);
 bool dequant_bf16_ok(const DevLinear& W);

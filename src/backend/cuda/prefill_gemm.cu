@@ -49,7 +49,8 @@ struct LtContext {
   size_t xb_bytes = 0;
   void* wb = nullptr;
   size_t wb_bytes = 0;
-  std::map<std::tuple<int64_t, int64_t, int, int64_t, uint32_t>, cublasLtMatmulAlgo_t> algos;  // rows, K', n, ldy, align
+  // rows, K', n, ldy, align, tuned (DSV4_GEMM_TUNE: the fastest of the heuristic's candidates, timed once)
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, uint32_t, bool>, cublasLtMatmulAlgo_t> algos;
 };
 
 LtContext& context(cudaStream_t s) {
@@ -85,6 +86,18 @@ void* grow(void*& p, size_t& have, size_t bytes) {
   return p;
 }
 
+std::atomic<int> g_gemm_tune{-1};  // -1: not decided yet (read DSV4_GEMM_TUNE on first use)
+bool gemm_tune_on() {
+  int v = g_gemm_tune.load();
+  if (v < 0) {
+    const char* e = std::getenv("DSV4_GEMM_TUNE");
+    v = e && std::string(e) == "1" ? 1 : 0;
+    g_gemm_tune.store(v);
+  }
+  return v == 1;
+}
+constexpr int kTuneCandidates = 8;
+
 // D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').
 // A and B are always the 256-byte-aligned staging buffers, so only D's alignment enters the algorithm key.
 void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, const void* x, float* d, int64_t ldd,
@@ -99,7 +112,8 @@ void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, con
   DSV4_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, static_cast<uint64_t>(kp), static_cast<uint64_t>(n), kp));
   DSV4_LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(n), ldd));
   const uint32_t align_d = alignment(d);
-  const auto key = std::make_tuple(rows, kp, n, ldd, align_d);
+  const bool tune = gemm_tune_on();
+  const auto key = std::make_tuple(rows, kp, n, ldd, align_d, tune);
   auto it = c.algos.find(key);
   if (it == c.algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -108,16 +122,48 @@ void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, con
                                                  sizeof(c.workspace_bytes)));
     DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
     DSV4_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
-    cublasLtMatmulHeuristicResult_t h{};
+    cublasLtMatmulHeuristicResult_t h[kTuneCandidates]{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c.handle, op, la, lb, ld, ld, pref, 1, &h, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(c.handle, op, la, lb, ld, ld, pref, tune ? kTuneCandidates : 1, h, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
       cublasLtMatmulDescDestroy(op);
       fail("cuBLASLt has no BF16 algorithm for ", rows, "x", kp, " with ", n, " tokens (status ", static_cast<int>(st), ")");
     }
-    it = c.algos.emplace(key, h.algo).first;
+    // Tuning: each candidate once to warm up, then twice timed (the faster run counts); the heuristic's first choice
+    // stays unless another is faster. Candidates that fail to run are skipped. The host waits here, once per shape
+    // (prefill_gemm runs eagerly only). D is written by every candidate and then by the chosen one below.
+    int best = 0;
+    if (tune && found > 1) {
+      cudaEvent_t e0, e1;
+      DSV4_CU(cudaEventCreate(&e0));
+      DSV4_CU(cudaEventCreate(&e1));
+      const float one = 1.0f, zero = 0.0f;
+      float best_ms = -1.0f;
+      for (int i = 0; i < found; ++i) {
+        float ms = -1.0f;
+        for (int r = 0; r < 3; ++r) {
+          DSV4_CU(cudaEventRecord(e0, s));
+          const cublasStatus_t rs = cublasLtMatmul(c.handle, op, &one, w, la, x, lb, &zero, d, ld, d, ld, &h[i].algo,
+                                                   c.workspace, c.workspace_bytes, s);
+          DSV4_CU(cudaEventRecord(e1, s));
+          DSV4_CU(cudaEventSynchronize(e1));
+          if (rs != CUBLAS_STATUS_SUCCESS) {
+            ms = -1.0f;
+            break;
+          }
+          float t = 0.0f;
+          DSV4_CU(cudaEventElapsedTime(&t, e0, e1));
+          if (r > 0 && (ms < 0.0f || t < ms)) ms = t;
+        }
+        if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) best = i, best_ms = ms;
+      }
+      DSV4_CU(cudaEventDestroy(e0));
+      DSV4_CU(cudaEventDestroy(e1));
+    }
+    it = c.algos.emplace(key, h[best].algo).first;
   }
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t st =
@@ -132,6 +178,8 @@ std::atomic<int> g_prefill_gemm{-1};  // -1: not decided yet (read DSV4_PREFILL_
 }  // namespace
 
 void set_prefill_gemm(bool on) { g_prefill_gemm.store(on ? 1 : 0); }
+void set_prefill_gemm_tune(bool on) { g_gemm_tune.store(on ? 1 : 0); }
+bool prefill_gemm_tune() { return gemm_tune_on(); }
 
 bool prefill_gemm_enabled() {
   int v = g_prefill_gemm.load();

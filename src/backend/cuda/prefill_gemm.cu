@@ -86,16 +86,20 @@ void* grow(void*& p, size_t& have, size_t bytes) {
   return p;
 }
 
-std::atomic<int> g_gemm_tune{-1};  // -1: not decided yet (read DSV4_GEMM_TUNE on first use)
-bool gemm_tune_on() {
-  int v = g_gemm_tune.load();
+// A process-wide switch, -1 until first use, then read from the environment: default on, off where NAME is "0"; or
+// default off, on where NAME is "1".
+bool env_switch(std::atomic<int>& flag, const char* name, bool default_on) {
+  int v = flag.load();
   if (v < 0) {
-    const char* e = std::getenv("DSV4_GEMM_TUNE");
-    v = e && std::string(e) == "1" ? 1 : 0;
-    g_gemm_tune.store(v);
+    const char* e = std::getenv(name);
+    const std::string s = e ? e : "";
+    v = default_on ? (s != "0") : (s == "1");
+    flag.store(v);
   }
   return v == 1;
 }
+std::atomic<int> g_gemm_tune{-1};
+bool gemm_tune_on() { return env_switch(g_gemm_tune, "DSV4_GEMM_TUNE", false); }
 constexpr int kTuneCandidates = 8;
 
 // D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').
@@ -181,15 +185,7 @@ void set_prefill_gemm(bool on) { g_prefill_gemm.store(on ? 1 : 0); }
 void set_prefill_gemm_tune(bool on) { g_gemm_tune.store(on ? 1 : 0); }
 bool prefill_gemm_tune() { return gemm_tune_on(); }
 
-bool prefill_gemm_enabled() {
-  int v = g_prefill_gemm.load();
-  if (v < 0) {
-    const char* e = std::getenv("DSV4_PREFILL_GEMM");
-    v = e && std::string(e) == "0" ? 0 : 1;
-    g_prefill_gemm.store(v);
-  }
-  return v == 1;
-}
+bool prefill_gemm_enabled() { return env_switch(g_prefill_gemm, "DSV4_PREFILL_GEMM", true); }
 
 bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a) {
   if (!prefill_gemm_enabled() || a.qa8_x || a.n < kGemmMinTokens || !dequant_bf16_ok(W) || a.ldy % 4 != 0) return false;

@@ -1,5 +1,5 @@
 // Prefill routed MXFP4 experts on BF16 warpgroup MMAs with every scale folded into the operands (expert_wb): the
-// grouped prefill kernel of official numerics where K / 128 is a multiple of kWgGroup (DSV4_MOE_WG=5 .. 10,
+// grouped prefill kernel of official numerics where K / 128 is a multiple of kWgGroup (DSV4_MOE_WG=5 .. 14,
 // set_moe_wg; by default 9: four warpgroups x 128 slots with bulk-copied activations). Measured (docs/BENCHMARKS.md,
 // session 17; one H200, 20 Flash layers): 8K prompt routed gate/up 210.6 -> 114.6 ms, down 122.6 -> 67.1 vs
 // expert_wg kTwo; 2K 74.5 -> 43.0, 40.6 -> 24.2.
@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
   constexpr int kS = kWbStages, kRows = 64 * kWG, kThreads = 128 * kWG, kLbo = kSlots / 8 * 128, kAcc = kSlots / 2;
   constexpr int kABytes = kRows * 64, kBOff = kABytes + kRows * 4, kStage = wb_stage_bytes(kWG, kSlots);
   constexpr int kTps = kThreads / kSlots, kKbPer = 16 / kTps;  // threads per slot's values, 16-byte k-blocks per thread
+  static_assert(kBulk || (kThreads % kSlots == 0 && 16 % kTps == 0), "the per-thread B copies cover every k-block");
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem[];
   uint32_t* row_k = reinterpret_cast<uint32_t*>(smem + kS * kStage);  // [kRows]: (127 - base) x 0x00800080

@@ -131,6 +131,15 @@ __device__ __forceinline__ void mma_e4m3_16832_z(float (&d)[4], uint32_t a0, uin
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+// The prefill expert kernels' weight stage: 64 bytes (128 FP4 columns) per tile row, 16-byte chunk c of row r at
+// f8_wchunk(r, c) (XOR-swizzled so that the 8 rows one ldmatrix matrix reads fall in 8 different 16-byte bank groups).
+__device__ __forceinline__ int f8_wchunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
+// This thread's share of a stage's weights: chunks c0 and c0 + 1 of tile row `row` from the row's 64 bytes at w.
+__device__ __forceinline__ void f8_copy_weights(uint8_t* st, int row, int c0, const uint8_t* w) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) cp_async16(st + f8_wchunk(row, c0 + i), w + 16 * (c0 + i));
+}
+
 // grid (ceil(R / (GATE_UP ? 64 : 128)), f8_max_tiles), kF8Threads, kF8Stages * kF8StageBytes of dynamic shared memory;
 // block (x, y) takes row tile x of work-list entry y (moe_f8_tiles_kernel), if there is one.
 // Stage layout: weights [128 rows][4 chunks of 16 B] (chunk c of row r at 16 (c ^ ((r >> 1) & 3)): the 8 rows one
@@ -190,11 +199,7 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const u
       uint8_t* st = smem + (ks % kF8Stages) * kF8StageBytes;
       if (ks < nks) {
         const uint8_t* w = a_src + static_cast<int64_t>(ks) * (kF8K / 2);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int c = a_c0 + i;
-          cp_async16(st + a_row * 64 + 16 * (c ^ ((a_row >> 1) & 3)), w + 16 * c);
-        }
+        f8_copy_weights(st, a_row, a_c0, w);
         uint8_t* bst = st + kF8ABytes;
         cp_async16(bst + b_slot * 128 + 16 * (b_unit ^ (b_slot & 7)), b_src0 + static_cast<int64_t>(ks) * kF8K);
         const int s1 = b_slot + 32;
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__(kF8Threads, 1) expert_f8(ExpertArgs a, const u
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             const int r = mrow(mt) + lrow, ch = c + lch;
-            ldmatrix_x4(wa[mt], st + r * 64 + 16 * (ch ^ ((r >> 1) & 3)));  // {c g, c g8, c+1 g, c+1 g8}
+            ldmatrix_x4(wa[mt], st + f8_wchunk(r, ch));  // {c g, c g8, c+1 g, c+1 g8}
           }
         }
         uint32_t b[4][2];

@@ -252,11 +252,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
     uint8_t* st = stage(ks);
     if (ks < nks) {
       const uint8_t* w = a_src + static_cast<int64_t>(ks) * (kF8K / 2);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int c = a_c0 + i;
-        cp_async16(st + a_row * 64 + 16 * (c ^ ((a_row >> 1) & 3)), w + 16 * c);
-      }
+      f8_copy_weights(st, a_row, a_c0, w);
       if constexpr (kWgSync) {
         if ((tid & 1) == 0) cp_async4(st + kABytes + 4 * a_row, a_scl + 4 * ks);  // this warpgroup's rows only
       } else {
@@ -323,7 +319,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 2 ? 2 : 1) expert_wb(ExpertA
     for (int cp = 0; cp < 2; ++cp) {
       uint32_t w[4];
       const int r = mrow + lrow, ch = 2 * cp + lch;
-      ldmatrix_x4(w, st + r * 64 + 16 * (ch ^ ((r >> 1) & 3)));
+      ldmatrix_x4(w, st + f8_wchunk(r, ch));
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         const int c = 2 * cp + h2;

@@ -251,11 +251,7 @@ __global__ void __launch_bounds__(kF8Threads, kTwo && kSlots == kF8Slots ? 2 : 1
     uint8_t* st = stage(ks);
     if (ks < nks) {
       const uint8_t* w = a_src + static_cast<int64_t>(ks) * (kF8K / 2);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int c = a_c0 + i;
-        cp_async16(st + a_row * 64 + 16 * (c ^ ((a_row >> 1) & 3)), w + 16 * c);
-      }
+      f8_copy_weights(st, a_row, a_c0, w);
       if (tid < kF8Rows) cp_async4(st + kF8ABytes + 4 * tid, s_src + 4 * ks);
       else if (x_src) cp_async4(st + kF8ABytes + kF8Rows * 4 + kBBytes + 4 * (tid - kF8Rows), x_src + ks);
       uint8_t* bst = st + kF8ABytes + kF8Rows * 4;
@@ -279,7 +275,7 @@ __global__ void __launch_bounds__(kF8Threads, kTwo && kSlots == kF8Slots ? 2 : 1
     for (int cp = 0; cp < 2; ++cp) {  // chunk pairs: one ldmatrix.x4 gives rows g, g + 8 of chunks 2 cp and 2 cp + 1
       uint32_t w[4];
       const int r = mrow + lrow, ch = 2 * cp + lch;
-      ldmatrix_x4(w, st + r * 64 + 16 * (ch ^ ((r >> 1) & 3)));
+      ldmatrix_x4(w, st + f8_wchunk(r, ch));
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         const int c = 2 * cp + h2;

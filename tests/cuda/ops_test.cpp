@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_math.h"
@@ -328,6 +329,78 @@ TEST(CudaOps, LinearFormatsAndSplits) {
   run_linear(1000, 80 * 16, 6, false);
   run_linear(300, 200, 2, false);
 }
+// The prefill GEMM's conversion passes against their CPU twins, bit for bit: qa8_rows (vector path at len % 4 == 0,
+// a short last block, the per-element fallback), split_bf16_terms (1 and 3 terms of x, 1..3 weight-term copies, a
+// strided x, the fallback at K % 8 != 0) and round_bf16_rows (strided; the fallback at cols % 4 != 0). Inputs with
+// blocks of zeros, tiny and huge values (the QA8 floor and scale rule, E4M3 saturation) besides normal ones.
+// The first differing element of two float arrays, for failure messages ("" if none).
+std::string first_diff(const vector<float>& got, const vector<float>& ref) {
+  std::string r;
+  size_t count = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (std::memcmp(&got[i], &ref[i], 4) != 0 && count++ < 6)
+      r += " [" + std::to_string(i) + "] " + std::to_string(got[i]) + " vs " + std::to_string(ref[i]);
+  return count ? std::to_string(count) + " differ:" + r : "";
+}
+vector<float> conversion_input(size_t n, std::mt19937& g) {
+  vector<float> x = randn(n, g);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 997 < 130) x[i] = 0.0f;           // whole zero blocks (amax floor)
+    else if (i % 1013 < 40) x[i] *= 1e-7f;    // tiny
+    else if (i % 1031 < 5) x[i] *= 3e30f;     // huge
+    else if (i % 17 == 3) x[i] = std::ldexp(x[i], -100);  // subnormal-ish after scaling
+  }
+  return x;
+}
+TEST(CudaOps, PrefillConversionsMatchCpu) {
+  std::mt19937 g(4242);
+  for (const int64_t len : {int64_t(4096), int64_t(1000), int64_t(1001), int64_t(96)}) {
+    const int n = 37;
+    vector<float> x = conversion_input(static_cast<size_t>(n * len), g), ref = x;
+    qa8_host(ref.data(), n, len);
+    DBuf<float> dx(x), dq(x.size());
+    cu::qa8_rows(dx.p, n, len, dq.p, nullptr);
+    EXPECT_EQ("", first_diff(dq.get(), ref)) << "qa8_rows len " << len;
+    cu::qa8_rows(dx.p, n, len, dx.p, nullptr);  // in place
+    EXPECT_EQ("", first_diff(dx.get(), ref)) << "qa8_rows in place, len " << len;
+  }
+  for (const int64_t K : {int64_t(4096), int64_t(1000), int64_t(1004)}) {
+    for (const int tx : {1, 3}) {
+      for (const int tw : {1, 2, 3}) {
+        const int n = 19;
+        const int64_t ldx = K + 12, kp = K * tw * tx;
+        vector<float> x = conversion_input(static_cast<size_t>(n * ldx), g);
+        vector<uint16_t> ref(static_cast<size_t>(n * kp));
+        for (int t = 0; t < n; ++t)
+          for (int64_t k = 0; k < K; ++k) {
+            float v = x[static_cast<size_t>(t * ldx + k)];
+            uint16_t b[3];
+            for (int j = 0; j < tx; ++j) {
+              b[j] = num::encode_bf16(v);
+              v -= num::decode_bf16(b[j]);
+            }
+            for (int i = 0; i < tw; ++i)
+              for (int j = 0; j < tx; ++j) ref[static_cast<size_t>(t * kp + (i * tx + j) * K + k)] = b[j];
+          }
+        DBuf<float> dx(x);
+        DBuf<uint16_t> dout(ref.size());
+        cu::split_bf16_terms(dx.p, ldx, n, K, tw, tx, dout.p, nullptr);
+        EXPECT_EQ(0, std::memcmp(dout.get().data(), ref.data(), ref.size() * 2))
+            << "split_bf16_terms K " << K << " terms " << tw << "x" << tx;
+      }
+    }
+  }
+  for (const int64_t cols : {int64_t(8192), int64_t(1000), int64_t(1002)}) {
+    const int n = 23;
+    const int64_t ldy = cols + (cols % 4 == 0 ? 8 : 2);
+    vector<float> y = conversion_input(static_cast<size_t>(n * ldy), g), ref = y;
+    for (int t = 0; t < n; ++t) num::round_bf16(ref.data() + t * ldy, cols);
+    DBuf<float> dy(y);
+    cu::round_bf16_rows(dy.p, n, cols, ldy, nullptr);
+    EXPECT_EQ("", first_diff(dy.get(), ref)) << "round_bf16_rows cols " << cols;
+  }
+}
+
 void run_grouped_wo_a(int n) {
   // wo_a: 8 groups x 1024 rows, each group reading its own 4096-slice of the 64 x 512 attention output (plain dot).
   std::mt19937 g(5);
@@ -944,11 +1017,12 @@ TEST(CudaOps, Mxfp4ExpertsGroupedPrefill) {
   run_experts(20, true);
   run_experts(96, true);
   run_experts(200, true);
-  // The default's kernel choice (moe_wg_effective): expert_wb with bulk-copied activations on 128-slot tiles.
+  // The default's kernel choice (moe_wg_effective): expert_wb with bulk-copied activations on 128-slot tiles, m64n64
+  // wgmmas on tiles of <= 64 slots.
   EXPECT_EQ(cu::moe_wg_mode(), cu::kMoeWgAuto);
-  EXPECT_EQ(cu::moe_wg_effective(true, 120, 8), 9);
-  EXPECT_EQ(cu::moe_wg_effective(false, 2048 * 6, 256), 9);  // a 2K chunk of Flash
-  EXPECT_EQ(cu::moe_wg_effective(false, 8192 * 6, 256), 9);  // an 8K chunk
+  EXPECT_EQ(cu::moe_wg_effective(true, 120, 8), 13);
+  EXPECT_EQ(cu::moe_wg_effective(false, 2048 * 6, 256), 13);  // a 2K chunk of Flash
+  EXPECT_EQ(cu::moe_wg_effective(false, 8192 * 6, 256), 13);  // an 8K chunk
 }
 
 // expert_wg folds each weight row's four per-32 scales of a 128-column step into its f16 operands, relative to the

@@ -5,7 +5,7 @@
 # cudaProfilerStart/Stop). ~10 s on a warm H200. (Timing every prefill kernel under ncu instead is far too slow:
 # a 4-layer 8K prefill had not finished its first 2,048-token chunk after 220 s.) Per-op prefill times without a
 # profiler: the bench's "prefill time by op" table (events; "moe/..." rows split the MoE op).
-# Usage: [DETAIL=REGEX] [COUNT=N] [SKIP=N] [LAYERS=N] [PROMPT=N] [SOURCE=1] tools/gpu/profile_prefill.sh [DSV4_BIN];
+# Usage: [DETAIL=REGEX] [COUNT=N] [SKIP=N] [LAYERS=N] [PROMPT=N] [SOURCE=1] [TIMES=1] tools/gpu/profile_prefill.sh [DSV4_BIN];
 # output in $OUT (default build-gpu/prefill_profile): detail.txt, with SOURCE=1 source_top.txt. SKIP launches of the
 # matching kernels are passed over first (e.g. LAYERS=3 SKIP=2 COUNT=1: Flash's first CSA layer, layers 0-1 being
 # sliding-window only).
@@ -20,6 +20,17 @@ LAYERS=${LAYERS:-1}
 PROMPT=${PROMPT:-2048}
 mkdir -p "$OUT"
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+# TIMES=1: instead, every kernel of the timed prefill with its GPU time, DRAM bytes, geometry and registers
+# (tools/gpu/ncu_summary.py's table: kernels by total time), one ncu pass of a few metrics: where the op-level times
+# of the bench's table go, kernel by kernel (e.g. hc_post_pre = hc_post_mix_kernel + hc_finish_kernel).
+if [ -n "${TIMES:-}" ]; then
+  METRICS=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum
+  "$NCU" --profile-from-start off --clock-control none --metrics "$METRICS" --csv --log-file "$OUT/times.csv" \
+    "$BIN" bench --synthetic flash --layers "$LAYERS" --context "$PROMPT" --prompt "$PROMPT" --steps 20 --profile-prefill > "$OUT/bench_times.log" 2>&1
+  echo "ncu rc=$?"
+  python3 "$ROOT/tools/gpu/ncu_summary.py" "$OUT/times.csv" | tee "$OUT/times.txt"
+  exit 0
+fi
 "$NCU" --profile-from-start off --clock-control none -k "regex:$DETAIL" --launch-skip "$SKIP" --launch-count "$COUNT" \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
   --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -o "$OUT/detail" -f \

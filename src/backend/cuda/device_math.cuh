@@ -117,6 +117,28 @@ __device__ __forceinline__ void warp_fake_quant(float* p, int len, int kind) {
   __syncwarp();
 }
 
+// warp_fake_quant of one block of <= 128 elements held in registers: lane l holds elements 4l .. 4l + 3 in v, the
+// first `valid` of them real (<= 0: none, >= 4: all) (the rest neither enter the block maximum nor are changed). The same bits as
+// warp_fake_quant (the maximum is exact in any order; the per-element formula is the same): one global read and
+// one write per element instead of a copy, a re-read and a write (qa8_v4_kernel).
+__device__ __forceinline__ void warp_fake_quant4(float (&v)[4], int valid, int kind) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (e < valid) amax = fmaxf(amax, fabsf(v[e]));
+  amax = warp_max(amax);
+  const float qmax = kind == 8 ? 448.0f : 6.0f;
+  const float floor_a = kind == 8 ? 1e-4f : 6.0f * 1.1754943508222875e-38f;
+  const float s = pow2_ceil(fmaxf(amax, floor_a) / qmax);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (e < valid) {
+      const float q = fminf(fmaxf(v[e] / s, -qmax), qmax);
+      v[e] = (kind == 8 ? e4m3_rt(q) : e2m1_rt(q)) * s;
+    }
+  }
+}
+
 // Block-wide fake quantization of x[0..n) in blocks of `block` elements (n % block == 0 or a short last block).
 __device__ __forceinline__ void block_fake_quant(float* x, int n, int block, int kind) {
   const int w = threadIdx.x >> 5, nw = blockDim.x >> 5;

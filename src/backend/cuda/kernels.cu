@@ -301,6 +301,43 @@ __global__ void qa8_kernel(const float* x, int64_t len, float* out) {
   warp_fake_quant(o, blen, 8);
 }
 
+// qa8_kernel with the block in registers (len % 4 == 0, x and out 16-byte aligned): lane l loads elements 4l .. 4l + 3
+// of its warp's 128-block as one float4 (a short last block: element by element) and stores them quantized. The
+// copy-then-quantize version read every element twice from global memory and ran at ~0.85 TB/s (ncu, one H200, 8K
+// prefill: 199 us per 8192 x 4096 call). In place (out == x) works: a warp reads its block before writing it.
+__global__ void __launch_bounds__(256) qa8_v4_kernel(const float* x, int64_t len, float* out) {
+  pdl_wait();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t start = b * 128;
+  if (start >= len) return;
+  const int blen = static_cast<int>(len - start < 128 ? len - start : 128);
+  const int lane = threadIdx.x & 31, i0 = 4 * lane;
+  // The lane's real elements: rem (<= 0: none; >= 4: all four). Not clamped with max(0, min(4, rem)) == 4: CUDA 13.0's
+  // ptxas compiled that test to VIMNMX.RELU's predicate output, and on the H200 lanes with rem <= 0 took the vector
+  // path: past a short block's end they loaded and stored the next row's first elements (compute-sanitizer flagged
+  // the read past the buffer; the op test saw other rows' first elements unquantized).
+  const int rem = blen - i0;
+  const float* xr = x + blockIdx.y * len + start + i0;
+  float* o = out + blockIdx.y * len + start + i0;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (rem >= 4) {
+    const float4 q = *reinterpret_cast<const float4*>(xr);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (e < rem) v[e] = xr[e];
+  }
+  warp_fake_quant4(v, rem, 8);
+  if (rem >= 4) {
+    *reinterpret_cast<float4*>(o) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (e < rem) o[e] = v[e];
+  }
+}
+
 __global__ void round_kernel(float* x, int64_t n) {
   pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -2538,7 +2575,8 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
 void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s) {
   if (n <= 0) return;
   const int64_t nb = (len + 127) / 128;
-  launch(qa8_kernel, dim3(blocks_for(nb, 8), n), 256, 0, s, x, len, out);
+  if (len % 4 == 0 && aligned16(x) && aligned16(out)) launch(qa8_v4_kernel, dim3(blocks_for(nb, 8), n), 256, 0, s, x, len, out);
+  else launch(qa8_kernel, dim3(blocks_for(nb, 8), n), 256, 0, s, x, len, out);
   DSV4_LAUNCHED();
 }
 
@@ -2582,14 +2620,24 @@ void dequant_bf16_terms(const DevLinear& W, int64_t r0, int64_t rows, int tw, in
 
 void split_bf16_terms(const float* x, int64_t ldx, int n, int64_t K, int tw, int tx, void* out, cudaStream_t s) {
   if (n <= 0 || K <= 0) return;
-  launch(split_bf16_kernel, grid_1d(static_cast<int64_t>(n) * K), 256, 0, s, x, ldx, n, K, tw, tx,
-         static_cast<__nv_bfloat16*>(out));
+  if (tw < 1 || tw > 3 || tx < 1 || tx > 3) fail("split_bf16_terms: terms ", tw, "x", tx, " outside 1..3");
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  if (K % 8 == 0 && ldx % 4 == 0 && aligned16(x) && aligned16(out) && tx != 2) {
+    const dim3 grid(blocks_for(K / 8, 256), static_cast<unsigned>(std::min(n, 65535)));
+    if (tx == 1) launch(split_bf16_v8_kernel<1>, grid, 256, 0, s, x, ldx, n, K, tw, o);
+    else launch(split_bf16_v8_kernel<3>, grid, 256, 0, s, x, ldx, n, K, tw, o);
+  } else {
+    launch(split_bf16_kernel, grid_1d(static_cast<int64_t>(n) * K), 256, 0, s, x, ldx, n, K, tw, tx, o);
+  }
   DSV4_LAUNCHED();
 }
 
 void round_bf16_rows(float* y, int n, int64_t cols, int64_t ldy, cudaStream_t s) {
   if (n <= 0 || cols <= 0) return;
-  launch(round_rows_kernel, grid_1d(static_cast<int64_t>(n) * cols), 256, 0, s, y, n, cols, ldy);
+  if (cols % 4 == 0 && ldy % 4 == 0 && aligned16(y))
+    launch(round_rows_v4_kernel, dim3(blocks_for(cols / 4, 256), static_cast<unsigned>(std::min(n, 65535))), 256, 0, s,
+           y, n, cols, ldy);
+  else launch(round_rows_kernel, grid_1d(static_cast<int64_t>(n) * cols), 256, 0, s, y, n, cols, ldy);
   DSV4_LAUNCHED();
 }
 
@@ -3038,9 +3086,9 @@ std::atomic<int64_t> g_moe_f8_launches{0};
 // 256.4 vs 211.1 ms); expert_wb (BF16, scales folded): 5 / 6 two warpgroups x 64 slots (6 two A sets); 7 / 8 four
 // warpgroups x 64 (two A sets) / 128 slots; 9 / 10 = 8 / 7 with the B operand bulk-copied; 11 = 9 in block pairs
 // multicasting each copy (measured slower: gate/up 120.9 vs 114.5 ms, session 17); 12 = 9 with per-warpgroup
-// barriers (measured no faster, session 17); 13 = 9 with m64n64 wgmmas on tiles of <= 64 slots, 14 three
-// warpgroups x 128 slots with two A register sets (both compiled only, session 17); unset / kMoeWgAuto:
-// moe_wg_effective() (9). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
+// barriers (measured no faster, session 17); 13 = 9 with m64n64 wgmmas on tiles of <= 64 slots (the default since
+// session 18), 14 three warpgroups x 128 slots with two A register sets (measured slower, session 18); unset /
+// kMoeWgAuto: moe_wg_effective() (13). Measured (docs/BENCHMARKS.md, session 15; one H200, 20 Flash
 // layers): 8K prompt in one chunk, routed gate/up 239 ms (expert_f8) / 251.5 (1) / 210.8 (2) / 212.6 (3), down 129.4
 // / 142.5 / 122.4 / 133.5; 2K prompt gate/up 76.1 (expert_f8) / 74.6 (2), down 40.6 / 45.2.
 std::atomic<int> g_moe_wg_mode{[] {
@@ -3168,10 +3216,11 @@ void set_moe_wg(int mode) {
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
 int moe_wg_effective(bool, int64_t, int) {
-  // expert_wb with bulk-copied B on 128-slot tiles (9) for gate/up and down: measured fastest at 8K and at 2K prompts
-  // (one H200, 20 Flash layers, session 17: 8K gate/up 210.6 -> 114.6 ms, down 122.6 -> 67.1 vs the previous
-  // default; 2K 74.5 -> 43.0 and 40.6 -> 24.2, where the 64-slot variants 7 / 10 measured 51.5 / 45.8 and 28.4 / 26.2).
-  return 9;
+  // expert_wb with bulk-copied B on 128-slot tiles, m64n64 wgmmas on an expert's tiles of <= 64 slots (13), for gate/up
+  // and down. Session 17 (one H200, 20 Flash layers): 9 measured fastest of 1..12 (8K gate/up 210.6 -> 114.6 ms, down
+  // 122.6 -> 67.1 vs the previous default; 2K 74.5 -> 43.0 and 40.6 -> 24.2). Session 18, same bench: 13 vs 9 at 8K
+  // gate/up 112.4 vs 114.5, down 66.1 vs 67.1; at 2K 40.2 vs 43.0, 22.9 vs 24.3 (14: 126.9 / 71.9 and 45.9 / 25.8).
+  return 13;
 }
 int moe_prefill_stages() { return g_moe_prefill_stages.load(std::memory_order_relaxed); }
 void set_moe_prefill_stages(int stages) {

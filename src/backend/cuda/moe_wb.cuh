@@ -1,8 +1,9 @@
 // Prefill routed MXFP4 experts on BF16 warpgroup MMAs with every scale folded into the operands (expert_wb): the
 // grouped prefill kernel of official numerics where K / 128 is a multiple of kWgGroup (DSV4_MOE_WG=5 .. 14,
-// set_moe_wg; by default 9: four warpgroups x 128 slots with bulk-copied activations). Measured (docs/BENCHMARKS.md,
-// session 17; one H200, 20 Flash layers): 8K prompt routed gate/up 210.6 -> 114.6 ms, down 122.6 -> 67.1 vs
-// expert_wg kTwo; 2K 74.5 -> 43.0, 40.6 -> 24.2.
+// set_moe_wg; by default 13: four warpgroups x 128 slots with bulk-copied activations, m64n64 wgmmas on tiles of
+// <= 64 slots). Measured (docs/BENCHMARKS.md, session 17; one H200, 20 Flash layers): 8K prompt routed gate/up 210.6
+// -> 114.6 ms, down 122.6 -> 67.1 vs expert_wg kTwo (mode 9); 2K 74.5 -> 43.0, 40.6 -> 24.2; session 18, mode 13:
+// 8K 112.4 / 66.1, 2K 40.2 / 22.9.
 //
 // Why (ncu, session 17, expert_wg kTwo gate/up of one Flash layer at 8K: 10.6 ms, 156 TFLOP/s of the ~990 the f16 /
 // BF16 tensor cores do): ~440 instructions per warp and 128-column step, of which the f16 range fold (wg_fold: ~100)

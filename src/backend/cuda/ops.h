@@ -417,8 +417,8 @@ int64_t moe_f8_launches();  // launches of it since the process started (tests)
 constexpr int kMoeWgAuto = -1;
 void set_moe_wg(int mode);
 int moe_wg_mode();
-// The variant kMoeWgAuto takes for nk grouped slots over E experts: 9 (measured fastest at 2K and 8K prompts;
-// docs/BENCHMARKS.md, session 17).
+// The variant kMoeWgAuto takes for nk grouped slots over E experts: 13 (measured fastest at 2K and 8K prompts;
+// docs/BENCHMARKS.md, sessions 17-18).
 int moe_wg_effective(bool gate_up, int64_t nk, int E);
 // Their cp.async pipeline: 4 stages (default) or 8 (DSV4_MOE_PREFILL_STAGES=8; measured no faster, session 15).
 void set_moe_prefill_stages(int stages);

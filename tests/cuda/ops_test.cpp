@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1715,7 +1716,7 @@ TEST(CudaOps, MhcPostPreFused) {
   const int hc = 4, iters = 20;
   const float eps = 1e-6f;
   for (int64_t d : {int64_t{4096}, int64_t{7168}})
-    for (int n : {1, 37}) {
+    for (int n : {1, 37, 100}) {  // 100: prefill (>= 64 tokens): hc_post + hc_pre, the Sinkhorns one thread per token
       std::mt19937 g(static_cast<unsigned>(d + n));
       const MhcSite prev(g, hc, d), next(g, hc, d);
       const vector<float> X = randn(static_cast<size_t>(n * hc * d), g), y = randn(static_cast<size_t>(n * d), g);
@@ -1759,6 +1760,34 @@ TEST(CudaOps, MhcPostPreFused) {
         expect_close(fused.comb, out.comb, false, "mhc fused pre comb");
       }
     }
+}
+
+// A prefill-sized pre (>= 64 tokens: comb's Sinkhorns one thread per token, hc_sinkhorn_rows_kernel) against the same
+// tokens in a small pre (warp 0 of each token's finish block runs the Sinkhorn): bit-identical x, post and comb.
+TEST(CudaOps, MhcRowSinkhornMatchesWarp) {
+  const int hc = 4, iters = 20, n = 100, few = 5;
+  const int64_t d = 4096;
+  std::mt19937 g(77);
+  const MhcSite w(g, hc, d);
+  const vector<float> X = randn(static_cast<size_t>(n * hc * d), g);
+  for (bool official : {false, true}) {
+    auto run = [&](int rows) {
+      DBuf<float> dX(vector<float>(X.begin(), X.begin() + static_cast<int64_t>(rows) * hc * d)), dfn(w.fn),
+          dbase(w.base), dscale(w.scale), dnw(w.nw), dx(static_cast<size_t>(rows * d)), dpost(static_cast<size_t>(rows * hc)),
+          dcomb(static_cast<size_t>(rows * hc * hc)), dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(rows, hc, d)));
+      cu::HcPreArgs a;
+      a.X = dX.p, a.n = rows, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+      a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p, a.post = dpost.p,
+      a.comb = dcomb.p, a.partial = dpart.p;
+      cu::hc_pre(a, nullptr);
+      return std::array<vector<float>, 3>{dx.get(), dpost.get(), dcomb.get()};
+    };
+    const auto big = run(n), small = run(few);
+    const char* what[3] = {"x", "post", "comb"};
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(0, std::memcmp(big[i].data(), small[i].data(), small[i].size() * 4))
+          << what[i] << (official ? " (official)" : " (reference)") << ": row Sinkhorns differ from the warp's";
+  }
 }
 
 // ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------

@@ -37,18 +37,21 @@ __device__ __forceinline__ float pow2_ceil(float x) {
 
 // Round |x| (finite) to the grid of a small float format (mbits mantissa bits, minimum normal exponent min_exp),
 // ties to even, then saturate to maxv: decode(encode(x)) of codecs.cpp for E4M3 (3, -6, 448) and E2M1 (1, 0, 6).
+// The grid's exponent eu = max(floor(log2 |x|), min_exp) comes from the fp32 exponent field (zero and fp32 subnormals
+// clamp to min_exp, as frexpf's would), and the power-of-two scalings are multiplications by exact powers of two:
+// the same values as frexpf / ldexpf / a division, without their instruction sequences (the prefill QA8 kernel was
+// issue-bound on them).
 __device__ __forceinline__ float round_small(float x, int mbits, int min_exp, float maxv) {
   float ax = fabsf(x);
   float r;
   if (ax >= maxv) {
     r = maxv;
   } else {
-    int e;
-    frexpf(ax, &e);
-    int eu = e - 1;
+    int eu = static_cast<int>(__float_as_uint(ax) >> 23) - 127;  // ax < maxv: finite, sign bit clear (or NaN)
     if (eu < min_exp) eu = min_exp;
-    float quantum = ldexpf(1.0f, eu - mbits);
-    r = rintf(ax / quantum) * quantum;  // power-of-two division: exact; rintf = RNE
+    const float inv = __uint_as_float(static_cast<uint32_t>(127 + mbits - eu) << 23);      // 2^(mbits - eu)
+    const float quantum = __uint_as_float(static_cast<uint32_t>(127 - mbits + eu) << 23);  // 2^(eu - mbits)
+    r = rintf(ax * inv) * quantum;  // exact scalings; rintf = RNE
     if (r > maxv) r = maxv;
   }
   return copysignf(r, x);
@@ -130,10 +133,11 @@ __device__ __forceinline__ void warp_fake_quant4(float (&v)[4], int valid, int k
   const float qmax = kind == 8 ? 448.0f : 6.0f;
   const float floor_a = kind == 8 ? 1e-4f : 6.0f * 1.1754943508222875e-38f;
   const float s = pow2_ceil(fmaxf(amax, floor_a) / qmax);
+  const float inv = 1.0f / s;  // exact: s is a power of two in [2^-126, 2^127]; v * inv == v / s
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     if (e < valid) {
-      const float q = fminf(fmaxf(v[e] / s, -qmax), qmax);
+      const float q = fminf(fmaxf(v[e] * inv, -qmax), qmax);
       v[e] = (kind == 8 ? e4m3_rt(q) : e2m1_rt(q)) * s;
     }
   }

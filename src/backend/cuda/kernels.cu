@@ -595,14 +595,19 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   for (int r = 0; r < 8; ++r)
     f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
   pdl_wait();
-  const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * tpb);
-  for (int t = blockIdx.y * tpb; t < t1; ++t) {
-    const float4 xv = inb ? *reinterpret_cast<const float4*>(a.X + t * nf + e) : z4;
+  const int t0 = blockIdx.y * tpb, t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * tpb);
+  // The next token's columns are requested before this token's partials are formed (one load in flight across the
+  // shuffles and barriers instead of a round trip per token: the loop was latency-bound, ~1.8 TB/s at 8K prefill).
+  float4 xn = (inb && t0 < t1) ? *reinterpret_cast<const float4*>(a.X + t0 * nf + e) : z4;
+  for (int t = t0; t < t1; ++t) {
+    const float4 xv = xn;
+    if (inb && t + 1 < t1) xn = *reinterpret_cast<const float4*>(a.X + (t + 1) * nf + e);
     float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
     hc_slice_partials<8>(f, xv, rb, nmix, blockIdx.z == 0, red, out);
     __syncthreads();  // red is rewritten by the next token
   }
 }
+
 
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
 // but rare cases. An IEEE division costs ~64 cycles of dependent latency on one warp (tools/gpu/probes/hc_finish_probe.cu).
@@ -667,6 +672,26 @@ __device__ __forceinline__ void hc_comb_from_logits(const float* comb_in, int t,
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[j][k] = __ldcg(comb_in + t * 16 + j * 4 + k);
   hc_sinkhorn_core<4>(c, eps, iters);
+}
+
+// The Sinkhorn of n tokens' comb logits in place, one thread per token (hc 4): the prefill form of the deferred
+// Sinkhorn. hc_finish_kernel ran it in warp 0 of each token's block, ~6,000 dependent cycles that kept the block
+// (128 registers x 512 threads: one per SM) resident long after its collapse was done: at an 8K prompt the kernel
+// took ~390 us for ~670 MB of traffic. The same function as in hc_finish / the consuming post (hc_sinkhorn_core).
+__global__ void hc_sinkhorn_rows_kernel(float* comb, int n, float eps, int iters) {
+  pdl_wait();
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  float c[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[j][k] = comb[t * 16 + j * 4 + k];
+  hc_sinkhorn_core<4>(c, eps, iters);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) comb[t * 16 + j * 4 + k] = c[j][k];
 }
 
 // One output of the mHC post: post_k * y + sum_s comb[s][k] * X_s in stream order ([official] BF16), with explicit
@@ -2690,12 +2715,25 @@ int hc_slices(const HcPreArgs& a, const char* op) {
   return static_cast<int>((a.d + kHcSliceCols - 1) / kHcSliceCols);
 }
 
+// Tokens from which a pre (hc 4) leaves comb's logits and a second kernel runs the Sinkhorns, one thread per token
+// (hc_sinkhorn_rows_kernel): prefill. Below, warp 0 of each token's finish block runs it (decode and small batches).
+constexpr int kHcRowSinkhornMin = 64;
+// Tokens from which hc_post_pre runs as hc_post + hc_pre (prefill) instead of the fused kernel (decode, small batches).
+constexpr int kHcUnfusedMin = 64;
+
 void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
   if (a.comb_logits && (a.n != 1 || a.hc != 4 || a.head)) fail("hc_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
   set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
-  launch(hc_finish_kernel, a.n, 512, sm, s, a, hc_nmix(a), nslices, a.partial);
+  const bool rows = !a.comb_logits && !a.head && a.hc == 4 && a.n >= kHcRowSinkhornMin;
+  HcPreArgs f = a;
+  f.comb_logits = f.comb_logits || rows;
+  launch(hc_finish_kernel, a.n, 512, sm, s, f, hc_nmix(a), nslices, a.partial);
   DSV4_LAUNCHED();
+  if (rows) {
+    launch(hc_sinkhorn_rows_kernel, blocks_for(a.n, 128), 128, 0, s, a.comb, a.n, a.hc_eps, a.sinkhorn_iters);
+    DSV4_LAUNCHED();
+  }
 }
 }  // namespace
 
@@ -2728,6 +2766,15 @@ void hc_post_pre(const float* y, const float* post, const float* comb, float* X,
   if (ci.sinkhorn_iters >= 0 && (a.n != 1 || a.hc != 4))
     fail("hc_post_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
   const int nmix = hc_nmix(a), nslices = hc_slices(a, "hc_post_pre");
+  if (a.n >= kHcUnfusedMin && ci.sinkhorn_iters < 0) {
+    // Prefill: the post and the pre's mix as separate launches (bit-identical: they share hc_post_value and
+    // hc_slice_partials). The fused kernel holds all 24 mix rows' fn values (96 registers) besides the token's
+    // streams: 154 registers, 3 blocks of 4 warps per SM, one token's loads in flight per block; at an 8K prompt it
+    // took ~1.08 ms per call against ~0.34 + ~0.46 ms for hc_post_kernel and hc_mix_kernel (ncu, one H200).
+    hc_post(y, post, comb, a.n, a.hc, a.d, a.official, X, s);
+    hc_pre(a, s);
+    return;
+  }
   const int tpb = hc_tokens_per_block();
   const unsigned tgroups = static_cast<unsigned>((a.n + tpb - 1) / tpb);
   launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, ci, tpb);

@@ -96,11 +96,16 @@ __global__ void moe_gather_wbt_kernel(const float* src, int64_t K, const int32_t
   const int64_t T = first[lo] + rel / kSlots;
   uint8_t* im = xg + (T * (K / 128) + b) * (kSlots * 256) + (pos >> 3) * 128 + (pos & 7) * 16;
   const int lane = threadIdx.x & 31;
+  // The 128 values into the warp's 256 bytes of shared memory in stored order first, then lane l stores stored positions
+  // 4 l .. 4 l + 3 (half of 8-column chunk l / 2) to the image with one 8-byte store: the values' scattered 2-byte
+  // global stores ran this kernel at ~1.5 TB/s (ncu, one H200, 8K Flash prefill: 586 us per gate/up gather).
+  __shared__ __align__(16) uint16_t st[8][128];
+  uint16_t* w = st[threadIdx.x >> 5];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int P = 32 * (lane >> 3) + wg_kpos(4 * (lane & 7) + i);  // stored position in the 128 columns
-    *reinterpret_cast<uint16_t*>(im + (P >> 3) * (kSlots / 8 * 128) + (P & 7) * 2) = __bfloat16_as_ushort(__float2bfloat16_rn(q[i] * s));
-  }
+  for (int i = 0; i < 4; ++i)
+    w[32 * (lane >> 3) + wg_kpos(4 * (lane & 7) + i)] = __bfloat16_as_ushort(__float2bfloat16_rn(q[i] * s));  // exact
+  __syncwarp();
+  *reinterpret_cast<uint2*>(im + (lane >> 1) * (kSlots / 8 * 128) + (lane & 1) * 8) = reinterpret_cast<const uint2*>(w)[lane];
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }

@@ -1937,6 +1937,22 @@ TEST(CudaOps, NormRopeWarpPerRow) {
         const std::string what = std::string("norm_rope warp per row: rows ") + std::to_string(c.rows) + " len " +
                                  std::to_string(c.len) + (official ? " official" : " reference") + (in_place ? " in place" : "");
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+        {  // round_x (the producer's BF16 rounding deferred to the load), warp and block kernels, vs rounding first
+          vector<float> xr = x;
+          num::round_bf16(xr.data(), static_cast<int64_t>(xr.size()));
+          DBuf<float> dr(xr), d3(x), d4(x), dyr(x.size()), dy3(x.size()), dy4(x.size());
+          cu::NormRopeArgs r = a, q3 = a;
+          r.x = dr.p, r.y = dyr.p;
+          q3.x = d3.p, q3.y = dy3.p, q3.round_x = true;
+          cu::norm_rope(r, nullptr);
+          cu::norm_rope(q3, nullptr);
+          cu::NormRopeArgs q4 = q3;
+          q4.x = d4.p, q4.y = dy4.p;
+          cu::norm_rope2(q4, cu::NormRopeArgs{}, nullptr);  // the block kernel
+          const vector<float> want_r = dyr.get();
+          EXPECT_EQ(std::memcmp(dy3.get().data(), want_r.data(), want_r.size() * 4), 0) << what << ": round_x (warp)";
+          EXPECT_EQ(std::memcmp(dy4.get().data(), want_r.data(), want_r.size() * 4), 0) << what << ": round_x (block)";
+        }
         if (c.per_token == 64) {  // the CPU: per-head RMS norm (no weight), RoPE at the token's position
           vector<float> ref = x;
           for (int r = 0; r < c.rows; ++r) {

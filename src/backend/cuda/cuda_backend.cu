@@ -636,8 +636,12 @@ class CudaBackend final : public Backend {
       }
       attn_side_open_ = true;
     }
+    // Prefill: wq_b's official BF16 output rounding happens as q_rope reads q (NormRopeArgs::round_x) instead of in a
+    // pass of its own over the n x 32768 output. Decode keeps it in the GEMV's epilogue (free there).
+    const bool defer_round = official_ && n > 1;
+    b.round_x = defer_round;
     part.emplace(this, "attn_qkv/wq_b", true);
-    lin(L.wq_b, qr, n, q);
+    lin(L.wq_b, qr, n, q, !defer_round);
     part.reset();
     part.emplace(this, "attn_qkv/q_rope", true);
     cuda::norm_rope(b, s_);

@@ -16,6 +16,15 @@ __device__ __forceinline__ float bf16r(float x) {
   return __uint_as_float(u & 0xFFFF0000u);
 }
 
+// bf16r without the NaN branch, for unrolled register loops (the branch made ptxas move a 32-element register array
+// of norm_rope_warp_kernel to local memory). The same value for every non-NaN x; a NaN stays a NaN (possibly
+// another payload, or an infinity if only low mantissa bits were set: a NaN input is already an error upstream).
+__device__ __forceinline__ float bf16r_finite(float x) {
+  uint32_t u = __float_as_uint(x);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return __uint_as_float(u & 0xFFFF0000u);
+}
+
 // decode_e8m0(encode_e8m0_ceil(x)) for finite x > 0: the smallest power of two >= x (saturating like the CPU).
 __device__ __forceinline__ float pow2_ceil(float x) {
   uint32_t u = __float_as_uint(x);

@@ -128,6 +128,9 @@ struct NormRopeArgs {
   bool official = false;
   int sim8_block = 0;        // 64 for the window KV in official numerics
   const int64_t* dpos = nullptr;  // graph mode: pos0 is read from this device scalar instead (see DecodeGraph)
+  // x is a linear's output whose official BF16 rounding was left to this op: each element is rounded as it is read
+  // (the same values as a rounding pass before; the prefill query saves a 1 GB read-and-write per 8K-token layer).
+  bool round_x = false;
 };
 void norm_rope(const NormRopeArgs& a, cudaStream_t s);
 // Two independent row sets (a's rows, then b's) in one launch; each row exactly as norm_rope computes it.

@@ -197,6 +197,18 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
   cu::linear(W, a, nullptr);
   const bool gemm = cu::prefill_gemm_eligible(W, a);
   EXPECT_EQ(gemm, n >= cu::kGemmMinTokens) << "prefill-sized linears take the tensor-core GEMM";
+  if (official && gemm) {
+    // DSV4_GEMM_QA8: the GEMM quantizes the raw x while splitting it (qa8_split_bf16): bit-identical to qa8_rows + GEMM.
+    const bool was = cu::prefill_gemm_qa8();
+    cu::set_prefill_gemm_qa8(true);
+    cu::LinearArgs f = a;
+    DBuf<float> dyf(ref.size());
+    f.x = dx.p, f.qa8_x = true, f.x_bf16_exact = false, f.y = dyf.p;
+    EXPECT_TRUE(cu::prefill_gemm_runs(W, f, nullptr));
+    cu::linear(W, f, nullptr);
+    cu::set_prefill_gemm_qa8(was);
+    EXPECT_EQ(0, std::memcmp(dyf.get().data(), dy.get().data(), ref.size() * 4)) << "GEMM with qa8_x vs qa8_rows + GEMM";
+  }
   expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n) + (gemm ? " (GEMM)" : "")).c_str());
   if (gemm) {
     // Before the BF16 output rounding, the GEMM and the GEMV compute the same fp32 function and differ only by
@@ -1787,6 +1799,16 @@ TEST(CudaOps, MhcRowSinkhornMatchesWarp) {
     for (int i = 0; i < 3; ++i)
       EXPECT_EQ(0, std::memcmp(big[i].data(), small[i].data(), small[i].size() * 4))
           << what[i] << (official ? " (official)" : " (reference)") << ": row Sinkhorns differ from the warp's";
+    // The mix kernel with several tokens per barrier step (DSV4_HC_MIX_T): the same bits, also for a token count
+    // that leaves a partial last step in a block (n = 100 = 3 x 32 + 4, and 5 tokens).
+    const bool was = cu::hc_mix_t();
+    cu::set_hc_mix_t(!was);
+    const auto big_t = run(n), small_t = run(few);
+    cu::set_hc_mix_t(was);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(0, std::memcmp(big_t[i].data(), big[i].data(), big[i].size() * 4)) << what[i] << ": DSV4_HC_MIX_T toggled, 100 tokens";
+      EXPECT_EQ(0, std::memcmp(small_t[i].data(), small[i].data(), small[i].size() * 4)) << what[i] << ": DSV4_HC_MIX_T toggled, 5 tokens";
+    }
   }
 }
 

@@ -1274,7 +1274,8 @@ class CudaBackend final : public Backend {
     if (official_ && W.low_precision()) {
       cuda::LinearArgs f;  // a single-token GEMV quantizes x while staging it: no QA8 kernel
       f.x = x, f.ldx = W.in, f.n = n, f.y = y, f.ldy = W.out, f.round_bf16 = round, f.qa8_x = true;
-      if (cuda::gemv_stages_x(W, f)) {
+      // A single-token GEMV, or (DSV4_GEMM_QA8=1) the prefill GEMM, quantizes x while staging / splitting it.
+      if (cuda::gemv_stages_x(W, f) || cuda::prefill_gemm_runs(W, f, s_)) {
         cuda::linear(W, f, s_);
         return;
       }

@@ -338,6 +338,33 @@ __global__ void __launch_bounds__(256) qa8_v4_kernel(const float* x, int64_t len
   }
 }
 
+// qa8_v4_kernel's QA8 of row blockIdx.y (stride ldx), written as BF16 (exact: QA8 values are E4M3 values times powers
+// of two) into tw copies at out[t][i * K + k] -- the prefill GEMM's activation operand with one term (qa8_split_bf16).
+__global__ void __launch_bounds__(256) qa8_split_bf16_kernel(const float* x, int64_t ldx, int64_t K, int tw,
+                                                             __nv_bfloat16* out) {
+  pdl_wait();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t start = b * 128;
+  if (start >= K) return;
+  const int blen = static_cast<int>(K - start < 128 ? K - start : 128);
+  const int lane = threadIdx.x & 31, i0 = 4 * lane;
+  const int rem = blen - i0;  // (see qa8_v4_kernel: no clamp)
+  const float* xr = x + blockIdx.y * ldx + start + i0;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (rem >= 4) {
+    const float4 q = *reinterpret_cast<const float4*>(xr);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  }
+  // K % 4 == 0: a lane's four elements are all in the row or all past it.
+  warp_fake_quant4(v, rem, 8);
+  if (rem >= 4) {
+    alignas(8) __nv_bfloat16 h[4] = {__float2bfloat16_rn(v[0]), __float2bfloat16_rn(v[1]), __float2bfloat16_rn(v[2]),
+                                     __float2bfloat16_rn(v[3])};
+    __nv_bfloat16* o = out + static_cast<int64_t>(blockIdx.y) * K * tw + start + i0;
+    for (int i = 0; i < tw; ++i) *reinterpret_cast<uint2*>(o + i * K) = *reinterpret_cast<const uint2*>(h);
+  }
+}
+
 __global__ void round_kernel(float* x, int64_t n) {
   pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -528,6 +555,13 @@ int hc_tokens_per_block() {
   }();
   return v;
 }
+// DSV4_HC_MIX_T=1 / set_hc_mix_t(true): the mix kernel with kHcMixT tokens per barrier step (hc_mix_t_kernel; the
+// same bits).
+std::atomic<int> g_hc_mix_t{[] {
+  const char* e = std::getenv("DSV4_HC_MIX_T");
+  return e && std::string(e) == "1" ? 1 : 0;
+}()};
+bool hc_mix_t_on() { return g_hc_mix_t.load(std::memory_order_relaxed) == 1; }
 constexpr int kHcMaxMix = 32;
 constexpr int kHcPostMix = 24;  // mix rows of a non-head pre at hc <= 4: (2 + hc) * hc
 static_assert(kHcPostMix <= kHcMaxMix);
@@ -554,10 +588,10 @@ __device__ __forceinline__ void hc_rs_step(float* v, int lane) {  // N values ->
     v[i] = keep + __shfl_xor_sync(0xffffffffu, send, h);
   }
 }
+// The warp's part: the lane's R + 1 products summed over the warp's lanes; lane l < R + 1 stores sum l at red_w[l].
 template <int R>
-__device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 xv, int r0, int nmix, bool with_ss,
-                                                  float (*red)[R + 1], float* out) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+__device__ __forceinline__ void hc_warp_partials(const float4 (&f)[R], float4 xv, float* red_w) {
+  const int lane = threadIdx.x & 31;
   constexpr int V = R + 1 <= 16 ? 16 : 32;  // values per lane: the R row sums and the sum of squares (index R), padded
   static_assert(R + 1 <= 32, "one butterfly");
   float v[V];
@@ -574,7 +608,13 @@ __device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 x
   hc_rs_step<4>(v, lane);
   hc_rs_step<2>(v, lane);
   const int row = lane & (V - 1);  // lane l now holds the warp's sum of value l (V = 16: lanes l and l + 16)
-  if (row <= R && lane < V) red[warp][row] = v[0];
+  if (row <= R && lane < V) red_w[row] = v[0];
+}
+template <int R>
+__device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 xv, int r0, int nmix, bool with_ss,
+                                                  float (*red)[R + 1], float* out) {
+  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  hc_warp_partials<R>(f, xv, red[warp]);
   __syncthreads();
   auto over_warps = [&](int r) {
     float v = red[0][r];
@@ -613,6 +653,55 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
   }
 }
 
+
+// hc_mix_kernel with kHcMixT tokens per block step (DSV4_HC_MIX_T=1, opt-in; compiled only, session 18): every warp
+// forms its partials of kHcMixT tokens, then ONE block barrier and the block's threads sum them over the warps (the
+// per-token kernel meets at two barriers per token; ncu at an 8K prompt: ~0.6 ms per call for 0.5 GB of streams,
+// latency-bound), with the next step's kHcMixT tokens already requested. The same sums in the same order as
+// hc_slice_partials: the same bits.
+constexpr int kHcMixT = 4;
+__global__ void __launch_bounds__(128) hc_mix_t_kernel(HcPreArgs a, int nmix, int nslices, float* partial, int tpb) {
+  __shared__ float red[kHcMixT][4][9];
+  const int sl = blockIdx.y, rb = blockIdx.x * 8, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int64_t d = a.d, nf = a.hc * d;
+  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4, e = (threadIdx.x >> 5) * d + j;
+  const bool inb = j < d;
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 f[8];
+#pragma unroll
+  for (int r = 0; r < 8; ++r)
+    f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
+  pdl_wait();
+  const int t0 = blockIdx.z * tpb, t1 = min(a.n, static_cast<int>(blockIdx.z + 1) * tpb);
+  const bool with_ss = blockIdx.x == 0;
+  float4 xn[kHcMixT];
+#pragma unroll
+  for (int u = 0; u < kHcMixT; ++u) xn[u] = (inb && t0 + u < t1) ? *reinterpret_cast<const float4*>(a.X + (t0 + u) * nf + e) : z4;
+  for (int t = t0; t < t1; t += kHcMixT) {
+    float4 xv[kHcMixT];
+#pragma unroll
+    for (int u = 0; u < kHcMixT; ++u) {
+      xv[u] = xn[u];
+      const int tn = t + kHcMixT + u;
+      if (inb && tn < t1) xn[u] = *reinterpret_cast<const float4*>(a.X + tn * nf + e);
+    }
+    const int nt = min(kHcMixT, t1 - t);
+#pragma unroll
+    for (int u = 0; u < kHcMixT; ++u)
+      if (u < nt) hc_warp_partials<8>(f, xv[u], red[u][warp]);
+    __syncthreads();
+    // Thread i: token u = i / 9, value r = i % 9 (8 mix rows, then the sum of squares), summed over warps in order.
+    if (threadIdx.x < nt * 9) {
+      const int u = threadIdx.x / 9, r = threadIdx.x % 9;
+      float v = red[u][0][r];
+      for (int w = 1; w < nwarps; ++w) v += red[u][w][r];
+      float* out = partial + (static_cast<int64_t>(t + u) * nslices + sl) * (kHcMaxMix + 1);
+      if (r < 8 && rb + r < nmix) out[rb + r] = v;
+      if (r == 8 && with_ss) out[kHcMaxMix] = v;
+    }
+    __syncthreads();  // red is rewritten by the next step
+  }
+}
 
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
 // but rare cases. An IEEE division costs ~64 cycles of dependent latency on one warp (tools/gpu/probes/hc_finish_probe.cu).
@@ -2640,6 +2729,16 @@ void qa8_rows(const float* x, int n, int64_t len, float* out, cudaStream_t s) {
   DSV4_LAUNCHED();
 }
 
+void qa8_split_bf16(const float* x, int64_t ldx, int n, int64_t K, int tw, void* out, cudaStream_t s) {
+  if (n <= 0 || K <= 0) return;
+  if (K % 4 != 0 || ldx % 4 != 0 || !aligned16(x) || (reinterpret_cast<uintptr_t>(out) & 7u) != 0 || tw < 1 || tw > 3)
+    fail("qa8_split_bf16: K ", K, " / ldx ", ldx, " / alignment / terms ", tw, " unsupported");
+  if (n > 65535) fail("qa8_split_bf16: ", n, " rows exceed the grid");
+  launch(qa8_split_bf16_kernel, dim3(blocks_for((K + 127) / 128, 8), static_cast<unsigned>(n)), 256, 0, s, x, ldx, K, tw,
+         static_cast<__nv_bfloat16*>(out));
+  DSV4_LAUNCHED();
+}
+
 void round_bf16(float* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   launch(round_kernel, grid_1d(n), 256, 0, s, x, n);
@@ -2782,7 +2881,9 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   // streams they all read come from the L2 once, not from DRAM once per group (grid (slices, token groups, row groups)
   // read ~1.5 GB per 8K-token call for 512 MB of streams once the post no longer ran inside this kernel).
   if (tgroups > 65535u) fail("hc_pre: ", a.n, " tokens exceed the mix kernel's grid");
-  launch(hc_mix_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
+  if (hc_mix_t_on() && a.n >= kHcMixT)
+    launch(hc_mix_t_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
+  else launch(hc_mix_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }
@@ -3301,6 +3402,8 @@ void set_moe_wg(int mode) {
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
+void set_hc_mix_t(bool on) { g_hc_mix_t.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool hc_mix_t() { return hc_mix_t_on(); }
 int moe_wg_effective(bool, int64_t, int) {
   // expert_wb with bulk-copied B on 128-slot tiles, m64n64 wgmmas on an expert's tiles of <= 64 slots (13), for gate/up
   // and down. Session 17 (one H200, 20 Flash layers): 9 measured fastest of 1..12 (8K gate/up 210.6 -> 114.6 ms, down

@@ -88,11 +88,17 @@ void set_prefill_gemm(bool on);
 bool prefill_gemm_enabled();
 bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a);
 bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // false: not eligible, nothing launched
+bool prefill_gemm_runs(const DevLinear& W, const LinearArgs& a, cudaStream_t s);  // eligible and s is not capturing
 // The prefill GEMM's cuBLASLt algorithm per shape: the heuristic's first choice (default), or with DSV4_GEMM_TUNE=1 /
 // set_prefill_gemm_tune(true) the fastest of its first 8 candidates, timed once per shape on first use (the host
 // waits then; the same GEMM up to fp32 summation order).
 void set_prefill_gemm_tune(bool on);
 bool prefill_gemm_tune();
+// LinearArgs::qa8_x in the prefill GEMM (DSV4_GEMM_QA8=1 / set_prefill_gemm_qa8(true); default off: compiled only,
+// session 18): the QA8 of x and its BF16 copy for the GEMM in one pass (qa8_split_bf16) instead of qa8_rows into an
+// fp32 scratch and split_bf16_terms from it. Bit-identical to the two passes.
+void set_prefill_gemm_qa8(bool on);
+bool prefill_gemm_qa8();
 // BF16 terms needed to hold a dequantized weight of this format exactly (1: already BF16 values, up to 3: fp32).
 int bf16_terms(WeightFormat f);
 bool dequant_bf16_ok(const DevLinear& W);
@@ -100,6 +106,9 @@ bool dequant_bf16_ok(const DevLinear& W);
 void dequant_bf16_terms(const DevLinear& W, int64_t r0, int64_t rows, int tw, int tx, void* out, cudaStream_t s);
 // out [n][tw * tx * K] BF16: term j of x[t * ldx + k] at column (i * tx + j) * K + k for every i < tw.
 void split_bf16_terms(const float* x, int64_t ldx, int n, int64_t K, int tw, int tx, void* out, cudaStream_t s);
+// split_bf16_terms(qa8_rows(x), ..., tx = 1) in one pass (x rows of K at stride ldx; K % 4 == 0, ldx % 4 == 0, x
+// 16-byte aligned, out 8-byte aligned).
+void qa8_split_bf16(const float* x, int64_t ldx, int n, int64_t K, int tw, void* out, cudaStream_t s);
 // BF16 RNE of y[t * ldy + c] for t < n, c < cols.
 void round_bf16_rows(float* y, int n, int64_t cols, int64_t ldy, cudaStream_t s);
 
@@ -165,6 +174,10 @@ struct HcPreArgs {
 };
 // Two launches: split-K mix GEMV over many blocks, then one block per token (Sinkhorn in one warp, collapse, RMSNorm).
 int64_t hc_pre_scratch_floats(int n, int hc, int64_t d);
+// The mix kernel with several tokens per block barrier (DSV4_HC_MIX_T=1; default off: compiled only, session 18).
+// The same bits either way.
+void set_hc_mix_t(bool on);
+bool hc_mix_t();
 void hc_pre(const HcPreArgs& a, cudaStream_t s);
 // A post's comb input: the final matrix (sinkhorn_iters < 0, the default) or the logits a one-token pre left with
 // HcPreArgs::comb_logits, from which the post forms comb itself (Sinkhorn with these iterations and eps: the pre's).

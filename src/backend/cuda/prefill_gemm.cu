@@ -100,6 +100,8 @@ bool env_switch(std::atomic<int>& flag, const char* name, bool default_on) {
 }
 std::atomic<int> g_gemm_tune{-1};
 bool gemm_tune_on() { return env_switch(g_gemm_tune, "DSV4_GEMM_TUNE", false); }
+std::atomic<int> g_gemm_qa8{-1};
+bool gemm_qa8_on() { return env_switch(g_gemm_qa8, "DSV4_GEMM_QA8", false); }
 constexpr int kTuneCandidates = 8;
 
 // D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').
@@ -184,29 +186,40 @@ std::atomic<int> g_prefill_gemm{-1};  // -1: not decided yet (read DSV4_PREFILL_
 void set_prefill_gemm(bool on) { g_prefill_gemm.store(on ? 1 : 0); }
 void set_prefill_gemm_tune(bool on) { g_gemm_tune.store(on ? 1 : 0); }
 bool prefill_gemm_tune() { return gemm_tune_on(); }
+void set_prefill_gemm_qa8(bool on) { g_gemm_qa8.store(on ? 1 : 0); }
+bool prefill_gemm_qa8() { return gemm_qa8_on(); }
 
 bool prefill_gemm_enabled() { return env_switch(g_prefill_gemm, "DSV4_PREFILL_GEMM", true); }
 
 bool prefill_gemm_eligible(const DevLinear& W, const LinearArgs& a) {
-  if (!prefill_gemm_enabled() || a.qa8_x || a.n < kGemmMinTokens || !dequant_bf16_ok(W) || a.ldy % 4 != 0) return false;
+  if (!prefill_gemm_enabled() || a.n < kGemmMinTokens || !dequant_bf16_ok(W) || a.ldy % 4 != 0) return false;
+  // qa8_x: x is quantized while it is split (qa8_split_bf16): opt-in, ungrouped, aligned rows of whole float4s.
+  if (a.qa8_x && !(gemm_qa8_on() && a.group_rows == 0 && W.in % 4 == 0 && a.ldx % 4 == 0 &&
+                   (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0 && a.n <= 65535))
+    return false;
   if (a.group_rows == 0) return a.ldy >= W.out;
   return W.out % a.group_rows == 0 && a.group_rows % 4 == 0 && a.ldy >= W.out;
 }
 
-bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
+bool prefill_gemm_runs(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (!prefill_gemm_eligible(W, a)) return false;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   DSV4_CU(cudaStreamIsCapturing(s, &cap));
-  if (cap != cudaStreamCaptureStatusNone) return false;  // staging buffers may grow (cudaMalloc): eager only
+  return cap == cudaStreamCaptureStatusNone;  // staging buffers may grow (cudaMalloc): eager only
+}
+
+bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
+  if (!prefill_gemm_runs(W, a, s)) return false;
   LtContext& c = context(s);
-  const int tw = bf16_terms(W.fmt), tx = a.x_bf16_exact ? 1 : 3;
+  const int tw = bf16_terms(W.fmt), tx = a.x_bf16_exact || a.qa8_x ? 1 : 3;  // QA8 values are exact in BF16
   const int64_t K = W.in, kp = K * tw * tx;
   const int64_t gr = a.group_rows ? a.group_rows : W.out, groups = W.out / gr;
   const int64_t pass = std::min(gr, std::max<int64_t>(16, kMaxStagedWeights / kp / 16 * 16));
   void* xb = grow(c.xb, c.xb_bytes, static_cast<size_t>(a.n) * kp * 2);
   void* wb = grow(c.wb, c.wb_bytes, static_cast<size_t>(pass) * kp * 2);
   for (int64_t g = 0; g < groups; ++g) {
-    if (g == 0 || a.group_x_off != 0) split_bf16_terms(a.x + g * a.group_x_off, a.ldx, a.n, K, tw, tx, xb, s);
+    if (a.qa8_x) qa8_split_bf16(a.x, a.ldx, a.n, K, tw, xb, s);  // (ungrouped: g == 0 only)
+    else if (g == 0 || a.group_x_off != 0) split_bf16_terms(a.x + g * a.group_x_off, a.ldx, a.n, K, tw, tx, xb, s);
     for (int64_t r = 0; r < gr; r += pass) {
       const int64_t rows = std::min(pass, gr - r);
       dequant_bf16_terms(W, g * gr + r, rows, tw, tx, wb, s);

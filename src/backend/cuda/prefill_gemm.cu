@@ -101,7 +101,7 @@ bool env_switch(std::atomic<int>& flag, const char* name, bool default_on) {
 std::atomic<int> g_gemm_tune{-1};
 bool gemm_tune_on() { return env_switch(g_gemm_tune, "DSV4_GEMM_TUNE", false); }
 std::atomic<int> g_gemm_qa8{-1};
-bool gemm_qa8_on() { return env_switch(g_gemm_qa8, "DSV4_GEMM_QA8", false); }
+bool gemm_qa8_on() { return env_switch(g_gemm_qa8, "DSV4_GEMM_QA8", true); }
 constexpr int kTuneCandidates = 8;
 
 // D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').

@@ -626,30 +626,47 @@ __device__ __forceinline__ void hc_slice_partials(const float4 (&f)[R], float4 x
   if (with_ss && threadIdx.x == R) out[kHcMaxMix] = over_warps(R);
 }
 
+// A mix block's place -- slice sl = blockIdx.y, mix rows rb .. rb + 7 (rb = 8 blockIdx.x), this thread's column e of
+// the flattened streams (in the slice: inb) -- and its 8 fn rows' values there (constant weights: loaded before the
+// caller's griddepcontrol.wait).
+struct HcMixSlice {
+  int sl, rb;
+  int64_t nf, e;
+  bool inb;
+};
+__device__ __forceinline__ HcMixSlice hc_mix_slice(const HcPreArgs& a, int nmix, float4 (&f)[8]) {
+  HcMixSlice m;
+  m.sl = blockIdx.y, m.rb = blockIdx.x * 8;
+  const int64_t d = a.d;
+  m.nf = a.hc * d;
+  const int64_t j = static_cast<int64_t>(m.sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
+  m.e = (threadIdx.x >> 5) * d + j;
+  m.inb = j < d;
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int r = 0; r < 8; ++r)
+    f[r] = (m.inb && m.rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (m.rb + r) * m.nf + m.e)) : z4;
+  return m;
+}
+
 __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int nslices, float* partial, int tpb) {
   // pdl_wait() after the loads of fn (constant weights): they overlap the previous kernel's tail.
   // grid (mix-row groups of 8, slices, token groups): the 1.5 MB of fn is streamed by 3x more blocks than slices alone would
   // give, each thread with its 8 float4 loads in flight (the v2 kernel was latency-bound at 32 blocks).
   __shared__ float red[4][9];
-  const int sl = blockIdx.y, rb = blockIdx.x * 8;
-  const int64_t d = a.d, nf = a.hc * d;
-  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4, e = (threadIdx.x >> 5) * d + j;
-  const bool inb = j < d;
-  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float4 f[8];
-#pragma unroll
-  for (int r = 0; r < 8; ++r)
-    f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
+  const HcMixSlice m = hc_mix_slice(a, nmix, f);
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   pdl_wait();
   const int t0 = blockIdx.z * tpb, t1 = min(a.n, static_cast<int>(blockIdx.z + 1) * tpb);
   // The next token's columns are requested before this token's partials are formed (one load in flight across the
   // shuffles and barriers instead of a round trip per token: the loop was latency-bound, ~1.8 TB/s at 8K prefill).
-  float4 xn = (inb && t0 < t1) ? *reinterpret_cast<const float4*>(a.X + t0 * nf + e) : z4;
+  float4 xn = (m.inb && t0 < t1) ? *reinterpret_cast<const float4*>(a.X + t0 * m.nf + m.e) : z4;
   for (int t = t0; t < t1; ++t) {
     const float4 xv = xn;
-    if (inb && t + 1 < t1) xn = *reinterpret_cast<const float4*>(a.X + (t + 1) * nf + e);
-    float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
-    hc_slice_partials<8>(f, xv, rb, nmix, blockIdx.x == 0, red, out);
+    if (m.inb && t + 1 < t1) xn = *reinterpret_cast<const float4*>(a.X + (t + 1) * m.nf + m.e);
+    float* out = partial + (static_cast<int64_t>(t) * nslices + m.sl) * (kHcMaxMix + 1);
+    hc_slice_partials<8>(f, xv, m.rb, nmix, blockIdx.x == 0, red, out);
     __syncthreads();  // red is rewritten by the next token
   }
 }
@@ -663,28 +680,23 @@ __global__ void __launch_bounds__(128) hc_mix_kernel(HcPreArgs a, int nmix, int 
 constexpr int kHcMixT = 4;
 __global__ void __launch_bounds__(128) hc_mix_t_kernel(HcPreArgs a, int nmix, int nslices, float* partial, int tpb) {
   __shared__ float red[kHcMixT][4][9];
-  const int sl = blockIdx.y, rb = blockIdx.x * 8, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int64_t d = a.d, nf = a.hc * d;
-  const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4, e = (threadIdx.x >> 5) * d + j;
-  const bool inb = j < d;
-  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   float4 f[8];
-#pragma unroll
-  for (int r = 0; r < 8; ++r)
-    f[r] = (inb && rb + r < nmix) ? __ldg(reinterpret_cast<const float4*>(a.fn + (rb + r) * nf + e)) : z4;
+  const HcMixSlice m = hc_mix_slice(a, nmix, f);
+  const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   pdl_wait();
   const int t0 = blockIdx.z * tpb, t1 = min(a.n, static_cast<int>(blockIdx.z + 1) * tpb);
   const bool with_ss = blockIdx.x == 0;
   float4 xn[kHcMixT];
 #pragma unroll
-  for (int u = 0; u < kHcMixT; ++u) xn[u] = (inb && t0 + u < t1) ? *reinterpret_cast<const float4*>(a.X + (t0 + u) * nf + e) : z4;
+  for (int u = 0; u < kHcMixT; ++u) xn[u] = (m.inb && t0 + u < t1) ? *reinterpret_cast<const float4*>(a.X + (t0 + u) * m.nf + m.e) : z4;
   for (int t = t0; t < t1; t += kHcMixT) {
     float4 xv[kHcMixT];
 #pragma unroll
     for (int u = 0; u < kHcMixT; ++u) {
       xv[u] = xn[u];
       const int tn = t + kHcMixT + u;
-      if (inb && tn < t1) xn[u] = *reinterpret_cast<const float4*>(a.X + tn * nf + e);
+      if (m.inb && tn < t1) xn[u] = *reinterpret_cast<const float4*>(a.X + tn * m.nf + m.e);
     }
     const int nt = min(kHcMixT, t1 - t);
 #pragma unroll
@@ -696,8 +708,8 @@ __global__ void __launch_bounds__(128) hc_mix_t_kernel(HcPreArgs a, int nmix, in
       const int u = threadIdx.x / 9, r = threadIdx.x % 9;
       float v = red[u][0][r];
       for (int w = 1; w < nwarps; ++w) v += red[u][w][r];
-      float* out = partial + (static_cast<int64_t>(t + u) * nslices + sl) * (kHcMaxMix + 1);
-      if (r < 8 && rb + r < nmix) out[rb + r] = v;
+      float* out = partial + (static_cast<int64_t>(t + u) * nslices + m.sl) * (kHcMaxMix + 1);
+      if (r < 8 && m.rb + r < nmix) out[m.rb + r] = v;
       if (r == 8 && with_ss) out[kHcMaxMix] = v;
     }
     __syncthreads();  // red is rewritten by the next step

@@ -451,6 +451,17 @@ void run_grouped_wo_a(int n) {
     // 2.4e-6); a dropped or truncated term would show as ~1e-3 (BF16's 2^-9).
     EXPECT_LE(st.rel, 1e-5);
     expect_close(d1.get(), refb, false, "grouped wo_a, BF16 input as one term");
+    // DSV4_GEMM_BATCHED: the groups as one strided-batched GEMM (one term each), against the per-group GEMMs.
+    const bool was = cu::prefill_gemm_batched();
+    cu::set_prefill_gemm_batched(true);
+    DBuf<float> db(ref.size());
+    b.y = db.p;
+    cu::linear(W, b, nullptr);
+    cu::set_prefill_gemm_batched(was);
+    const Stats sb = cmp(db.get(), d1.get());
+    std::printf("[op] grouped wo_a n=%d, BF16 input: batched GEMM vs per-group GEMMs, rel L2 %.3g\n", n, sb.rel);
+    EXPECT_LE(sb.rel, 1e-5);  // fp32 summation order only (a wrong group's operands would be O(1))
+    expect_close(db.get(), refb, false, "grouped wo_a, batched GEMM");
   }
   if (n == 1) {
     // Decode: the ring GEMV, one group per set of blocks; v3 (no K split at 8192 rows) gives the same bits.

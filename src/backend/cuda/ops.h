@@ -100,6 +100,11 @@ bool prefill_gemm_tune();
 // each): prefill 16,519 -> 16,607 tok/s.
 void set_prefill_gemm_qa8(bool on);
 bool prefill_gemm_qa8();
+// Grouped linears (wo_a) with one BF16 term per operand as one strided-batched GEMM over the groups
+// (DSV4_GEMM_BATCHED=1 / set_prefill_gemm_batched(true); default off: compiled only, session 18). The same GEMM per
+// group up to cuBLASLt's algorithm choice (fp32 summation order).
+void set_prefill_gemm_batched(bool on);
+bool prefill_gemm_batched();
 // BF16 terms needed to hold a dequantized weight of this format exactly (1: already BF16 values, up to 3: fp32).
 int bf16_terms(WeightFormat f);
 bool dequant_bf16_ok(const DevLinear& W);

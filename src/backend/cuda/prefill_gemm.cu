@@ -49,8 +49,9 @@ struct LtContext {
   size_t xb_bytes = 0;
   void* wb = nullptr;
   size_t wb_bytes = 0;
-  // rows, K', n, ldy, align, tuned (DSV4_GEMM_TUNE: the fastest of the heuristic's candidates, timed once)
-  std::map<std::tuple<int64_t, int64_t, int, int64_t, uint32_t, bool>, cublasLtMatmulAlgo_t> algos;
+  // rows, K', n, ldy, align, tuned (DSV4_GEMM_TUNE: the fastest of the heuristic's candidates, timed once), batch
+  // geometry (count, x's row stride; 1 / 0 unbatched)
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, uint32_t, bool, int, int64_t>, cublasLtMatmulAlgo_t> algos;
 };
 
 LtContext& context(cudaStream_t s) {
@@ -100,14 +101,22 @@ bool env_switch(std::atomic<int>& flag, const char* name, bool default_on) {
 }
 std::atomic<int> g_gemm_tune{-1};
 bool gemm_tune_on() { return env_switch(g_gemm_tune, "DSV4_GEMM_TUNE", false); }
+// DSV4_GEMM_BATCHED=1 (opt-in; compiled only, session 18): a grouped linear (wo_a) whose operands need one BF16 term
+// each runs as ONE strided-batched GEMM over its groups, x split once for all groups, instead of a split and a GEMM
+// per group (8 per Flash layer).
+std::atomic<int> g_gemm_batched{-1};
+bool gemm_batched_on() { return env_switch(g_gemm_batched, "DSV4_GEMM_BATCHED", false); }
 std::atomic<int> g_gemm_qa8{-1};
 bool gemm_qa8_on() { return env_switch(g_gemm_qa8, "DSV4_GEMM_QA8", true); }
 constexpr int kTuneCandidates = 8;
 
 // D[t * ldd + r] = sum_k' X'[t][k'] W'[r][k'] for r < rows, t < n (column-major: D^T = W'^T-as-op(T) x X').
 // A and B are always the 256-byte-aligned staging buffers, so only D's alignment enters the algorithm key.
+// batch > 1 (grouped linears, gemm_batched_on): batch b takes W' + b rows kp, X' + b kx (X' rows at stride ldx) and
+// writes D + b rows -- one strided-batched call for all groups.
 void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, const void* x, float* d, int64_t ldd,
-               cudaStream_t s) {
+               cudaStream_t s, int batch = 1, int64_t ldx = 0) {
+  if (ldx == 0) ldx = kp;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   DSV4_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -115,11 +124,20 @@ void gemm_bf16(LtContext& c, int64_t rows, int64_t kp, int n, const void* w, con
   DSV4_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   DSV4_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   DSV4_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, static_cast<uint64_t>(kp), static_cast<uint64_t>(rows), kp));
-  DSV4_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, static_cast<uint64_t>(kp), static_cast<uint64_t>(n), kp));
+  DSV4_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, static_cast<uint64_t>(kp), static_cast<uint64_t>(n), ldx));
   DSV4_LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(n), ldd));
+  if (batch > 1) {
+    const int32_t count = batch;
+    const int64_t sa = rows * kp, sb = kp, sd = rows;
+    for (cublasLtMatrixLayout_t l : {la, lb, ld})
+      DSV4_LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    DSV4_LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof(sa)));
+    DSV4_LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof(sb)));
+    DSV4_LT(cublasLtMatrixLayoutSetAttribute(ld, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sd, sizeof(sd)));
+  }
   const uint32_t align_d = alignment(d);
   const bool tune = gemm_tune_on();
-  const auto key = std::make_tuple(rows, kp, n, ldd, align_d, tune);
+  const auto key = std::make_tuple(rows, kp, n, ldd, align_d, tune, batch, ldx);
   auto it = c.algos.find(key);
   if (it == c.algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -187,6 +205,8 @@ void set_prefill_gemm(bool on) { g_prefill_gemm.store(on ? 1 : 0); }
 void set_prefill_gemm_tune(bool on) { g_gemm_tune.store(on ? 1 : 0); }
 bool prefill_gemm_tune() { return gemm_tune_on(); }
 void set_prefill_gemm_qa8(bool on) { g_gemm_qa8.store(on ? 1 : 0); }
+void set_prefill_gemm_batched(bool on) { g_gemm_batched.store(on ? 1 : 0); }
+bool prefill_gemm_batched() { return gemm_batched_on(); }
 bool prefill_gemm_qa8() { return gemm_qa8_on(); }
 
 bool prefill_gemm_enabled() { return env_switch(g_prefill_gemm, "DSV4_PREFILL_GEMM", true); }
@@ -215,6 +235,19 @@ bool prefill_gemm(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   const int64_t K = W.in, kp = K * tw * tx;
   const int64_t gr = a.group_rows ? a.group_rows : W.out, groups = W.out / gr;
   const int64_t pass = std::min(gr, std::max<int64_t>(16, kMaxStagedWeights / kp / 16 * 16));
+  // Batched groups: one term each, x's groups side by side in its rows (group_x_off == K), every group's weights in
+  // one staging pass.
+  if (groups > 1 && gemm_batched_on() && tw * tx == 1 && !a.qa8_x && a.group_x_off == K && a.ldx >= groups * K &&
+      W.out * kp <= kMaxStagedWeights) {
+    const int64_t kall = groups * K;
+    void* xb = grow(c.xb, c.xb_bytes, static_cast<size_t>(a.n) * kall * 2);
+    void* wb = grow(c.wb, c.wb_bytes, static_cast<size_t>(W.out) * kp * 2);
+    split_bf16_terms(a.x, a.ldx, a.n, kall, 1, 1, xb, s);
+    dequant_bf16_terms(W, 0, W.out, 1, 1, wb, s);
+    gemm_bf16(c, gr, kp, a.n, wb, xb, a.y, a.ldy, s, static_cast<int>(groups), kall);
+    if (a.round_bf16) round_bf16_rows(a.y, a.n, W.out, a.ldy, s);
+    return true;
+  }
   void* xb = grow(c.xb, c.xb_bytes, static_cast<size_t>(a.n) * kp * 2);
   void* wb = grow(c.wb, c.wb_bytes, static_cast<size_t>(pass) * kp * 2);
   for (int64_t g = 0; g < groups; ++g) {

@@ -2005,6 +2005,34 @@ TEST(CudaOps, NormRopeWarpPerRow) {
       }
 }
 
+// The prefetching warp loop (DSV4_NORM_ROPE_PF) against the one-row warps: the same bits, with enough rows that every
+// warp loops (12,800 rows of 512: a query chunk of 200 tokens x 64 heads), official and reference, in place and not,
+// with round_x.
+TEST(CudaOps, NormRopePrefetchLoop) {
+  std::mt19937 g(15);
+  const int R = 64, rows = 64 * 200;
+  const int64_t len = 512;
+  vector<float> inv(R / 2);
+  for (int i = 0; i < R / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / R);
+  const vector<float> x = randn(static_cast<size_t>(rows * len), g, 2.0f);
+  for (bool official : {false, true})
+    for (bool in_place : {false, true}) {
+      auto run = [&](bool pf) {
+        DBuf<float> dx(x), dinv(inv), dy(x.size());
+        cu::NormRopeArgs a;
+        a.x = dx.p, a.y = in_place ? dx.p : dy.p, a.rows = rows, a.rows_per_token = 64, a.len = len, a.w = nullptr;
+        a.eps = 1e-6, a.rope_dim = R, a.inv_freq = dinv.p, a.pos0 = 4090, a.official = official, a.round_x = official;
+        cu::set_norm_rope_pf(pf);
+        cu::norm_rope(a, nullptr);
+        cu::set_norm_rope_pf(false);
+        return in_place ? dx.get() : dy.get();
+      };
+      const vector<float> base = run(false), pf = run(true);
+      EXPECT_EQ(0, std::memcmp(base.data(), pf.data(), base.size() * 4))
+          << "prefetching warp loop" << (official ? " official" : " reference") << (in_place ? " in place" : "");
+    }
+}
+
 // ---- per-row norm + RoPE (+ SIM8): the kv path at D=512 ----------------------------------------------------------
 TEST(CudaOps, NormRopeSim8Kv) {
   std::mt19937 g(4);

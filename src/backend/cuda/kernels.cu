@@ -456,17 +456,12 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
 constexpr int kNrwMaxLen = 1024;
 constexpr int kNrwRows = 8;  // rows (warps) per block
 constexpr int kNrwMinRows = 256;  // fewer (decode) keep the block kernel
-__global__ void __launch_bounds__(32 * kNrwRows) norm_rope_warp_kernel(NormRopeArgs a) {
-  const int lane = threadIdx.x & 31, row = blockIdx.x * kNrwRows + (threadIdx.x >> 5);
-  constexpr int kM = kNrwMaxLen / 32;
-  const int len = static_cast<int>(a.len), M = len / 32, R = static_cast<int>(a.rope_dim), nope = len - R;
-  pdl_wait();
-  if (row >= a.rows) return;
-  const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
-  const float* x = a.x + static_cast<int64_t>(row) * len;
-  float v[kM];
-#pragma unroll
-  for (int m = 0; m < kM; ++m) v[m] = m < M ? x[lane + 32 * m] : 0.0f;
+// One row from its values v (lane l holds elements l + 32 m): [round_x,] norm, RoPE, store -- shared by the warp kernels.
+// (len = a.len, M = len / 32, R = a.rope_dim, nope = len - R: the caller's, so that they are computed once.)
+template <int kM>
+__device__ __forceinline__ void nrw_row(const NormRopeArgs& a, int row, int64_t pos0, float (&v)[kM], int len, int M,
+                                        int R, int nope) {
+  const int lane = threadIdx.x & 31;
   if (a.round_x) {
 #pragma unroll
     for (int m = 0; m < kM; ++m) v[m] = bf16r_finite(v[m]);
@@ -510,6 +505,54 @@ __global__ void __launch_bounds__(32 * kNrwRows) norm_rope_warp_kernel(NormRopeA
   for (int m = 0; m < kM; ++m)
     if (m < M) y[lane + 32 * m] = v[m];
 }
+__global__ void __launch_bounds__(32 * kNrwRows) norm_rope_warp_kernel(NormRopeArgs a) {
+  const int lane = threadIdx.x & 31, row = blockIdx.x * kNrwRows + (threadIdx.x >> 5);
+  constexpr int kM = kNrwMaxLen / 32;
+  const int len = static_cast<int>(a.len), M = len / 32, R = static_cast<int>(a.rope_dim), nope = len - R;
+  pdl_wait();
+  if (row >= a.rows) return;
+  const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
+  const float* x = a.x + static_cast<int64_t>(row) * len;
+  float v[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) v[m] = m < M ? x[lane + 32 * m] : 0.0f;
+  nrw_row<kM>(a, row, pos0, v, len, M, R, nope);
+}
+// DSV4_NORM_ROPE_PF=1 (opt-in; compiled only, session 18): rows of <= 512 (the query heads) by a grid-stride warp
+// loop that requests its next row before it normalises and rotates this one (16 values per lane in flight across the
+// double-precision sums and the sin / cos, which norm_rope_warp_kernel's one-row warps wait out with nothing in
+// flight: ~2.2 TB/s on an 8K prompt's 524,288 query rows, ncu). The same per-row arithmetic (nrw_row). ptxas: 80
+// registers and 64 bytes of spill -- the prefetched row around sinf / cosf's out-of-line slow path (arguments past
+// ~1e5, which RoPE angles at these positions do not reach), not checked in SASS.
+__global__ void __launch_bounds__(32 * kNrwRows) norm_rope_warp_pf_kernel(NormRopeArgs a) {
+  constexpr int kM = 16;
+  const int lane = threadIdx.x & 31, len = static_cast<int>(a.len), M = len / 32, R = static_cast<int>(a.rope_dim);
+  const int nope = len - R, stride = gridDim.x * kNrwRows;
+  int row = blockIdx.x * kNrwRows + (threadIdx.x >> 5);
+  pdl_wait();
+  if (row >= a.rows) return;
+  const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
+  float nx[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) nx[m] = m < M ? a.x[static_cast<int64_t>(row) * len + lane + 32 * m] : 0.0f;
+#pragma unroll 1
+  for (; row < a.rows; row += stride) {
+    float v[kM];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) v[m] = nx[m];
+    const int next = row + stride;
+    if (next < a.rows) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+        if (m < M) nx[m] = a.x[static_cast<int64_t>(next) * len + lane + 32 * m];
+    }
+    nrw_row<kM>(a, row, pos0, v, len, M, R, nope);
+  }
+}
+std::atomic<int> g_nrw_pf{[] {
+  const char* e = std::getenv("DSV4_NORM_ROPE_PF");
+  return e && std::string(e) == "1" ? 1 : 0;
+}()};
 
 __global__ void embed_kernel(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X) {
   pdl_wait();
@@ -2823,7 +2866,12 @@ void norm_rope(const NormRopeArgs& a, cudaStream_t s) {
   // Many rows: a warp per row (the same bits; norm_rope_warp_kernel). The nope part's SIM8 stays on the block kernel.
   if (a.rows >= kNrwMinRows && a.len % 128 == 0 && a.len <= kNrwMaxLen && !(a.official && a.sim8_block > 0) &&
       a.rope_dim % 2 == 0 && a.rope_dim <= a.len) {
-    launch(norm_rope_warp_kernel, static_cast<unsigned>((a.rows + kNrwRows - 1) / kNrwRows), 32 * kNrwRows, 0, s, a);
+    // The prefetching variant (opt-in) is safe in place too: each row is read and written by one warp only.
+    if (g_nrw_pf.load(std::memory_order_relaxed) == 1 && a.len <= 512)
+      launch(norm_rope_warp_pf_kernel, static_cast<unsigned>(std::min<int64_t>((a.rows + kNrwRows - 1) / kNrwRows,
+                                                                                 static_cast<int64_t>(sm_count()) * 8)),
+             32 * kNrwRows, 0, s, a);
+    else launch(norm_rope_warp_kernel, static_cast<unsigned>((a.rows + kNrwRows - 1) / kNrwRows), 32 * kNrwRows, 0, s, a);
     DSV4_LAUNCHED();
     return;
   }
@@ -3415,6 +3463,7 @@ void set_moe_wg(int mode) {
   g_moe_wg_mode.store(mode, std::memory_order_relaxed);
 }
 int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
+void set_norm_rope_pf(bool on) { g_nrw_pf.store(on ? 1 : 0, std::memory_order_relaxed); }
 void set_hc_mix_t(bool on) { g_hc_mix_t.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool hc_mix_t() { return hc_mix_t_on(); }
 int moe_wg_effective(bool, int64_t, int) {

@@ -148,6 +148,9 @@ struct NormRopeArgs {
   bool round_x = false;
 };
 void norm_rope(const NormRopeArgs& a, cudaStream_t s);
+// Many rows of <= 512 through a warp loop that prefetches each warp's next row (DSV4_NORM_ROPE_PF=1 /
+// set_norm_rope_pf(true); default off: compiled only, session 18). The same bits.
+void set_norm_rope_pf(bool on);
 // Two independent row sets (a's rows, then b's) in one launch; each row exactly as norm_rope computes it.
 void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s);
 

@@ -2942,7 +2942,8 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   // streams they all read come from the L2 once, not from DRAM once per group (grid (slices, token groups, row groups)
   // read ~1.5 GB per 8K-token call for 512 MB of streams once the post no longer ran inside this kernel).
   if (tgroups > 65535u) fail("hc_pre: ", a.n, " tokens exceed the mix kernel's grid");
-  if (hc_mix_t_on() && a.n >= kHcMixT)
+  // (hc_mix_t_kernel sums its kHcMixT x 9 outputs with one thread each: hc >= 2 gives it enough threads.)
+  if (hc_mix_t_on() && a.n >= kHcMixT && 32 * a.hc >= kHcMixT * 9)
     launch(hc_mix_t_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
   else launch(hc_mix_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
   DSV4_LAUNCHED();

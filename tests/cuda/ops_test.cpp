@@ -1985,6 +1985,17 @@ TEST(CudaOps, NormRopeWarpPerRow) {
           const vector<float> want_r = dyr.get();
           EXPECT_EQ(std::memcmp(dy3.get().data(), want_r.data(), want_r.size() * 4), 0) << what << ": round_x (warp)";
           EXPECT_EQ(std::memcmp(dy4.get().data(), want_r.data(), want_r.size() * 4), 0) << what << ": round_x (block)";
+          if (c.norm) {  // a NaN (the GPU's canonical 0x7FFFFFFF) read with round_x stays a NaN: its row is all NaN
+            vector<float> xn = x;
+            const uint32_t qnan = 0x7FFFFFFFu;
+            std::memcpy(&xn[3], &qnan, 4);
+            DBuf<float> d5(xn), dy5(x.size());
+            cu::NormRopeArgs q5 = q3;
+            q5.x = d5.p, q5.y = dy5.p;
+            cu::norm_rope(q5, nullptr);
+            const vector<float> got5 = dy5.get();
+            for (int64_t i = 0; i < c.len; ++i) ASSERT_TRUE(std::isnan(got5[static_cast<size_t>(i)])) << what << ": NaN lost at " << i;
+          }
         }
         if (c.per_token == 64) {  // the CPU: per-head RMS norm (no weight), RoPE at the token's position
           vector<float> ref = x;

@@ -16,13 +16,14 @@ __device__ __forceinline__ float bf16r(float x) {
   return __uint_as_float(u & 0xFFFF0000u);
 }
 
-// bf16r without the NaN branch, for unrolled register loops (the branch made ptxas move a 32-element register array
-// of norm_rope_warp_kernel to local memory). The same value for every non-NaN x; a NaN stays a NaN (possibly
-// another payload, or an infinity if only low mantissa bits were set: a NaN input is already an error upstream).
-__device__ __forceinline__ float bf16r_finite(float x) {
-  uint32_t u = __float_as_uint(x);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return __uint_as_float(u & 0xFFFF0000u);
+// bf16r with a select instead of its NaN branch, for unrolled register loops (the branch made ptxas move a
+// 32-element register array of norm_rope_warp_kernel to local memory). The same bits as bf16r for every input (a NaN
+// keeps bf16r's quiet NaN: the plain rounding add would carry 0x7FFFFFFF into the sign bit, i.e. -0).
+__device__ __forceinline__ float bf16r_sel(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  const uint32_t q = (u | 0x00400000u) & 0xFFFF0000u;
+  return __uint_as_float((u & 0x7FFFFFFFu) > 0x7F800000u ? q : r);
 }
 
 // decode_e8m0(encode_e8m0_ceil(x)) for finite x > 0: the smallest power of two >= x (saturating like the CPU).

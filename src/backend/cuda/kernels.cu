@@ -464,7 +464,7 @@ __device__ __forceinline__ void nrw_row(const NormRopeArgs& a, int row, int64_t 
   const int lane = threadIdx.x & 31;
   if (a.round_x) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m) v[m] = bf16r_finite(v[m]);
+    for (int m = 0; m < kM; ++m) v[m] = bf16r_sel(v[m]);
   }
   if (a.do_norm) {
     double total = 0.0;

@@ -302,7 +302,9 @@ __global__ void qa8_kernel(const float* x, int64_t len, float* out) {
 }
 
 // qa8_kernel with the block in registers (len % 4 == 0, x and out 16-byte aligned): lane l loads elements 4l .. 4l + 3
-// of its warp's 128-block as one float4 (a short last block: element by element) and stores them quantized. The
+// of its warp's 128-block as one float4 and stores them quantized (with len % 4 == 0 a lane's four elements are all
+// in the row or all past it, so the element-by-element branches below never move an element; they are kept as the
+// kernel ran on the GPU -- qa8_split_bf16_kernel, written after, has none). The
 // copy-then-quantize version read every element twice from global memory and ran at ~0.85 TB/s (ncu, one H200, 8K
 // prefill: 199 us per 8192 x 4096 call). In place (out == x) works: a warp reads its block before writing it.
 __global__ void __launch_bounds__(256) qa8_v4_kernel(const float* x, int64_t len, float* out) {

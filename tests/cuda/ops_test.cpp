@@ -443,6 +443,9 @@ void run_grouped_wo_a(int n) {
     cu::LinearArgs b = a;
     b.x = dub.p, b.y = d3.p;
     cu::linear(W, b, nullptr);
+    // d1: the per-group GEMMs (DSV4_GEMM_BATCHED off), the baseline the batched GEMM is compared with below.
+    const bool was = cu::prefill_gemm_batched();
+    cu::set_prefill_gemm_batched(false);
     b.x_bf16_exact = true, b.y = d1.p;
     cu::linear(W, b, nullptr);
     const Stats st = cmp(d1.get(), d3.get());
@@ -452,7 +455,6 @@ void run_grouped_wo_a(int n) {
     EXPECT_LE(st.rel, 1e-5);
     expect_close(d1.get(), refb, false, "grouped wo_a, BF16 input as one term");
     // DSV4_GEMM_BATCHED: the groups as one strided-batched GEMM (one term each), against the per-group GEMMs.
-    const bool was = cu::prefill_gemm_batched();
     cu::set_prefill_gemm_batched(true);
     DBuf<float> db(ref.size());
     b.y = db.p;
@@ -2033,9 +2035,10 @@ TEST(CudaOps, NormRopePrefetchLoop) {
         cu::NormRopeArgs a;
         a.x = dx.p, a.y = in_place ? dx.p : dy.p, a.rows = rows, a.rows_per_token = 64, a.len = len, a.w = nullptr;
         a.eps = 1e-6, a.rope_dim = R, a.inv_freq = dinv.p, a.pos0 = 4090, a.official = official, a.round_x = official;
+        const bool was = cu::norm_rope_pf();
         cu::set_norm_rope_pf(pf);
         cu::norm_rope(a, nullptr);
-        cu::set_norm_rope_pf(false);
+        cu::set_norm_rope_pf(was);
         return in_place ? dx.get() : dy.get();
       };
       const vector<float> base = run(false), pf = run(true);

@@ -101,11 +101,11 @@ bool env_switch(std::atomic<int>& flag, const char* name, bool default_on) {
 }
 std::atomic<int> g_gemm_tune{-1};
 bool gemm_tune_on() { return env_switch(g_gemm_tune, "DSV4_GEMM_TUNE", false); }
-// DSV4_GEMM_BATCHED=1 (opt-in; compiled only, session 18): a grouped linear (wo_a) whose operands need one BF16 term
+// Default since session 19 (DSV4_GEMM_BATCHED=0: off; see ops.h): a grouped linear (wo_a) whose operands need one BF16 term
 // each runs as ONE strided-batched GEMM over its groups, x split once for all groups, instead of a split and a GEMM
 // per group (8 per Flash layer).
 std::atomic<int> g_gemm_batched{-1};
-bool gemm_batched_on() { return env_switch(g_gemm_batched, "DSV4_GEMM_BATCHED", false); }
+bool gemm_batched_on() { return env_switch(g_gemm_batched, "DSV4_GEMM_BATCHED", true); }
 std::atomic<int> g_gemm_qa8{-1};
 bool gemm_qa8_on() { return env_switch(g_gemm_qa8, "DSV4_GEMM_QA8", true); }
 constexpr int kTuneCandidates = 8;

@@ -1825,6 +1825,46 @@ TEST(CudaOps, MhcRowSinkhornMatchesWarp) {
   }
 }
 
+// The mix kernel with a thread per token (DSV4_HC_MIX_TOK, from 32 tokens) against the block-per-slice kernel: the
+// same bits of x, post and comb, at both models' widths (32 and 56 slices), for token counts inside one block's 512
+// (40: a partial stage; 300 = 2 x 128 + 44: partial last stage group) and spanning two blocks (700).
+TEST(CudaOps, MhcMixPerTokenMatchesSlices) {
+  const int hc = 4, iters = 20;
+  for (int64_t d : {int64_t{4096}, int64_t{7168}})
+    for (int n : {40, 300, 700}) {
+      std::mt19937 g(static_cast<unsigned>(d * 3 + n));
+      const MhcSite w(g, hc, d);
+      const vector<float> X = randn(static_cast<size_t>(n * hc * d), g);
+      for (bool official : {false, true}) {
+        auto run = [&](bool tok) {
+          DBuf<float> dX(X), dfn(w.fn), dbase(w.base), dscale(w.scale), dnw(w.nw), dx(static_cast<size_t>(n * d)),
+              dpost(static_cast<size_t>(n * hc)), dcomb(static_cast<size_t>(n * hc * hc)),
+              dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
+          cu::HcPreArgs a;
+          a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+          a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p,
+          a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p;
+          const bool was = cu::hc_mix_tok();
+          cu::set_hc_mix_tok(tok);
+          cu::hc_pre(a, nullptr);
+          cu::set_hc_mix_tok(was);
+          return std::array<vector<float>, 3>{dx.get(), dpost.get(), dcomb.get()};
+        };
+        const auto slices = run(false), tok = run(true);
+        const char* what[3] = {"x", "post", "comb"};
+        for (int i = 0; i < 3; ++i)
+          EXPECT_EQ(0, std::memcmp(tok[i].data(), slices[i].data(), slices[i].size() * 4))
+              << what[i] << " d=" << d << " n=" << n << (official ? " (official)" : " (reference)")
+              << ": the per-token mix differs from the per-slice mix";
+        // And against the CPU twin (the per-token path's own numerics, not only agreement with the old kernel).
+        const MhcPreRef ref = mhc_pre_ref(X, n, hc, d, w.fn, w.base, w.scale, w.nw, iters, 1e-6f, official);
+        expect_close(tok[0], ref.x, official, "mhc per-token mix: pre x");
+        expect_close(tok[1], ref.post, false, "mhc per-token mix: pre post");
+        expect_close(tok[2], ref.comb, false, "mhc per-token mix: pre comb");
+      }
+    }
+}
+
 // ---- compressor: CSA (ratio 4, overlapping, c=512), HCA (ratio 128, c=512), indexer (ratio 4, c=128) -------------
 void run_compressor(int m, int64_t c, bool overlap, bool main, bool official, int windows = 2) {
   std::mt19937 g(static_cast<unsigned>(m * 1000 + c + overlap + windows));

@@ -763,6 +763,115 @@ __global__ void __launch_bounds__(128) hc_mix_t_kernel(HcPreArgs a, int nmix, in
   }
 }
 
+// The prefill mix with a thread per (token, group of 8 mix rows) (default from kHcMixTokMin tokens at hc 4 and 24 mix
+// rows; DSV4_HC_MIX_TOK=0 / set_hc_mix_tok(false): hc_mix_t_kernel). hc_mix_t_kernel spreads a token's slice over a
+// block's 128 lanes, so every 36 FMAs of a lane cost a butterfly of 31 shuffles plus a barrier (ncu at an 8K prompt:
+// 0.58 ms per call for 0.55 GB of streams, 950 GB/s, 40 calls in 20 layers). Here a warp is 32 tokens of one row
+// group, the slice's fn values (24 rows x 512, padded) sit in shared memory and are read as broadcasts, and a thread
+// forms its token's partials alone -- in exactly hc_slice_partials' order, hence the same bits: each stream's 32
+// lane dot products (hc_dot4, lane l = columns 4l .. 4l + 3) are visited in bit-reversed lane order, which turns the
+// xor butterfly (offsets 16, 8, 4, 2, 1) into a left-complete binary tree over the visit order, summed with one
+// pending value per tree level (a binary counter); the streams' sums are then added in stream order (over_warps).
+constexpr int kHcMixTokMin = 32;
+constexpr int kHcTokPad = 25;  // float4s per (stream, lane) in shared memory: 24 rows + 1 (conflict-free stores)
+std::atomic<int> g_hc_mix_tok{[] {
+  const char* e = std::getenv("DSV4_HC_MIX_TOK");
+  return e && std::string(e) == "0" ? 0 : 1;
+}()};
+__host__ __device__ constexpr int hc_brev5(int p) {
+  return ((p & 1) << 4) | ((p & 2) << 2) | (p & 4) | ((p & 8) >> 2) | ((p & 16) >> 4);
+}
+// One stream's 32 lane dot products of 8 fn rows (and with SS the sum of squares, value 8) for the token in this
+// thread's smem row xr, summed over the bit-reversed visit order's tree into tot.
+template <bool SS>
+__device__ __forceinline__ void hc_tok_stream(const float4* fsl, const float4* xr, float (&tot)[9]) {
+  constexpr int V = SS ? 9 : 8;
+  float lvl[5][V];
+#pragma unroll
+  for (int p = 0; p < 32; ++p) {
+    const int l = hc_brev5(p);
+    const float4 xv = xr[l];
+    float v[V];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = hc_dot4(fsl[l * kHcTokPad + r], xv);
+    if constexpr (SS) v[8] = hc_dot4(xv, xv);
+    int k = 0;
+#pragma unroll
+    for (; k < 5 && ((p >> k) & 1); ++k)
+#pragma unroll
+      for (int r = 0; r < V; ++r) v[r] = lvl[k][r] + v[r];
+    if (k < 5) {
+#pragma unroll
+      for (int r = 0; r < V; ++r) lvl[k][r] = v[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r < V; ++r) tot[r] = v[r];
+    }
+  }
+}
+// grid (slices, token groups of tpb), kHcTokTiles x 96 threads: warp w = mix rows 8g .. 8g + 7 (g = w % 3; warp
+// g 0 also the sum of squares) for the tokens of tile w / 3, a token per lane. The streams reach shared memory
+// through cp.async, one stage (kHcTokTiles x 32 tokens of one stream's 128-column slice) at a time, the next stage in
+// flight while this one is summed (coalesced; reading them straight from global memory, a lane per token, ran at
+// ~1 ms per call: 32 lines per load, the row-group warps thrashing L1). One block per SM (186 KB of shared memory):
+// with 2 blocks of 3 warps (9 % occupancy, ncu) the FMA chains' and shared loads' latency left ~66 % of issue slots
+// empty at 1.34 IPC (0.60 ms per call). Requires hc 4, 24 mix rows, d % 128 == 0 (hc_pre checks).
+constexpr int kHcTokTiles = 4;
+constexpr int kHcTokRow = 33;  // float4s per token row in a stage: 32 + 1 (lane i reads bank group 4i: no conflicts)
+constexpr int kHcTokStage = kHcTokTiles * 32 * kHcTokRow;  // float4s
+constexpr size_t kHcTokSmem = (4 * 32 * kHcTokPad + 2 * kHcTokStage) * sizeof(float4);
+__global__ void __launch_bounds__(96 * kHcTokTiles, 1) hc_mix_tok_kernel(HcPreArgs a, int nslices, float* partial, int tpb) {
+  extern __shared__ float4 hc_fs[];  // [stream][lane][kHcTokPad]: fn rows' columns 4 lane .. of this slice; then stages
+  float4* xbuf = hc_fs + 4 * 32 * kHcTokPad;
+  const int sl = blockIdx.x;
+  const int64_t d = a.d, nf = 4 * d, col0 = static_cast<int64_t>(sl) * kHcSliceCols;
+  // fn is a constant weight: staged before griddepcontrol.wait. Coalesced: consecutive threads take consecutive lanes.
+  for (int i = threadIdx.x; i < 4 * 32 * 24; i += blockDim.x) {
+    const int l = i & 31, st = (i >> 5) & 3, r = i >> 7;
+    hc_fs[(st * 32 + l) * kHcTokPad + r] = __ldg(reinterpret_cast<const float4*>(a.fn + r * nf + st * d + col0) + l);
+  }
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, g = warp % 3, tile = warp / 3, lane = threadIdx.x & 31;
+  constexpr int kStageTokens = kHcTokTiles * 32;
+  const int tb = static_cast<int>(blockIdx.y) * tpb, te = min(a.n, tb + tpb);
+  const int nstages = (te - tb + kStageTokens - 1) / kStageTokens * 4;  // (token group, stream), stream fastest
+  auto issue = [&](int q) {
+    if (q < nstages) {
+      const int t0 = tb + (q >> 2) * kStageTokens, st = q & 3;
+      float4* dst = xbuf + (q & 1) * kHcTokStage;
+      for (int i = threadIdx.x; i < kStageTokens * 32; i += blockDim.x) {
+        const int row = i >> 5, c = i & 31, t = t0 + row;
+        const float* src = a.X + static_cast<int64_t>(t < te ? t : tb) * nf + st * d + col0 + 4 * c;
+        cp_async16_zfill(dst + row * kHcTokRow + c, src, t < te);
+      }
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+  };
+  issue(0);
+  float acc[9];
+  for (int q = 0; q < nstages; ++q) {
+    cp_async_wait<0>();  // this thread's copies of stage q
+    __syncthreads();     // everyone's copies of q; everyone done with stage q - 1's buffer
+    issue(q + 1);
+    const int st = q & 3;
+    const float4* xr = xbuf + (q & 1) * kHcTokStage + (tile * 32 + lane) * kHcTokRow;
+    const float4* fsl = hc_fs + st * 32 * kHcTokPad + g * 8;
+    float tot[9];
+    tot[8] = 0.0f;  // SS = false leaves the sum of squares out (only the g 0 warps write it)
+    if (g == 0) hc_tok_stream<true>(fsl, xr, tot);
+    else hc_tok_stream<false>(fsl, xr, tot);
+#pragma unroll
+    for (int r = 0; r < 9; ++r) acc[r] = st == 0 ? tot[r] : acc[r] + tot[r];
+    const int t = tb + (q >> 2) * kStageTokens + tile * 32 + lane;
+    if (st == 3 && t < te) {
+      float* out = partial + (static_cast<int64_t>(t) * nslices + sl) * (kHcMaxMix + 1);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) out[g * 8 + r] = acc[r];
+      if (g == 0) out[kHcMaxMix] = acc[8];
+    }
+  }
+}
+
 // x / y from y's approximate reciprocal r (rcp.approx) and one FMA correction (Markstein): correctly rounded in all
 // but rare cases. An IEEE division costs ~64 cycles of dependent latency on one warp (tools/gpu/probes/hc_finish_probe.cu).
 __device__ __forceinline__ float rcp_approx(float x) {
@@ -2947,7 +3056,14 @@ void hc_pre(const HcPreArgs& a, cudaStream_t s) {
   // read ~1.5 GB per 8K-token call for 512 MB of streams once the post no longer ran inside this kernel).
   if (tgroups > 65535u) fail("hc_pre: ", a.n, " tokens exceed the mix kernel's grid");
   // (hc_mix_t_kernel sums its kHcMixT x 9 outputs with one thread each: hc >= 2 gives it enough threads.)
-  if (hc_mix_t_on() && a.n >= kHcMixT && 32 * a.hc >= kHcMixT * 9)
+  if (g_hc_mix_tok.load(std::memory_order_relaxed) == 1 && a.n >= kHcMixTokMin && a.hc == 4 && nmix == 24 &&
+      a.d % kHcSliceCols == 0) {
+    const size_t sm = kHcTokSmem;
+    set_smem(reinterpret_cast<const void*>(hc_mix_tok_kernel), sm);
+    // Tokens per block: 4 stage groups of 128 per staging of fn (8K tokens: 16 x 32 slices = 512 blocks, ~3.9 waves).
+    constexpr int kTpb = 512;
+    launch(hc_mix_tok_kernel, dim3(nslices, (a.n + kTpb - 1) / kTpb), 96 * kHcTokTiles, sm, s, a, nslices, a.partial, kTpb);
+  } else if (hc_mix_t_on() && a.n >= kHcMixT && 32 * a.hc >= kHcMixT * 9)
     launch(hc_mix_t_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
   else launch(hc_mix_kernel, dim3((nmix + 7) / 8, nslices, tgroups), 32 * a.hc, 0, s, a, nmix, nslices, a.partial, tpb);
   DSV4_LAUNCHED();
@@ -3471,6 +3587,8 @@ int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
 void set_norm_rope_pf(bool on) { g_nrw_pf.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool norm_rope_pf() { return g_nrw_pf.load(std::memory_order_relaxed) == 1; }
 void set_hc_mix_t(bool on) { g_hc_mix_t.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_hc_mix_tok(bool on) { g_hc_mix_tok.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool hc_mix_tok() { return g_hc_mix_tok.load(std::memory_order_relaxed) == 1; }
 bool hc_mix_t() { return hc_mix_t_on(); }
 int moe_wg_effective(bool, int64_t, int) {
   // expert_wb with bulk-copied B on 128-slot tiles, m64n64 wgmmas on an expert's tiles of <= 64 slots (13), for gate/up

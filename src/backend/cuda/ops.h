@@ -190,6 +190,10 @@ int64_t hc_pre_scratch_floats(int n, int hc, int64_t d);
 // barrier step). The same bits either way.
 void set_hc_mix_t(bool on);
 bool hc_mix_t();
+// The mix kernel with a thread per (token, 8 mix rows) from 32 tokens at hc 4 (default; DSV4_HC_MIX_TOK=0 /
+// set_hc_mix_tok(false): the block-per-slice kernels above). The same bits.
+void set_hc_mix_tok(bool on);
+bool hc_mix_tok();
 void hc_pre(const HcPreArgs& a, cudaStream_t s);
 // A post's comb input: the final matrix (sinkhorn_iters < 0, the default) or the logits a one-token pre left with
 // HcPreArgs::comb_logits, from which the post forms comb itself (Sinkhorn with these iterations and eps: the pre's).

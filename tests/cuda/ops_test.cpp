@@ -1827,7 +1827,9 @@ TEST(CudaOps, MhcRowSinkhornMatchesWarp) {
 
 // The mix kernel with a thread per token (DSV4_HC_MIX_TOK, from 32 tokens) against the block-per-slice kernel: the
 // same bits of x, post and comb, at both models' widths (32 and 56 slices), for token counts inside one block's 512
-// (40: a partial stage; 300 = 2 x 128 + 44: partial last stage group) and spanning two blocks (700).
+// (40: a partial stage; 300 = 2 x 128 + 44: partial last stage group) and spanning two blocks (700). Also the
+// finish kernel with the streams in shared memory (DSV4_HC_FINISH_SX, from 64 tokens: here 300 and 700; at d 7168 one
+// block per SM) against the register one.
 TEST(CudaOps, MhcMixPerTokenMatchesSlices) {
   const int hc = 4, iters = 20;
   for (int64_t d : {int64_t{4096}, int64_t{7168}})
@@ -1836,7 +1838,7 @@ TEST(CudaOps, MhcMixPerTokenMatchesSlices) {
       const MhcSite w(g, hc, d);
       const vector<float> X = randn(static_cast<size_t>(n * hc * d), g);
       for (bool official : {false, true}) {
-        auto run = [&](bool tok) {
+        auto run = [&](bool tok, bool sx) {
           DBuf<float> dX(X), dfn(w.fn), dbase(w.base), dscale(w.scale), dnw(w.nw), dx(static_cast<size_t>(n * d)),
               dpost(static_cast<size_t>(n * hc)), dcomb(static_cast<size_t>(n * hc * hc)),
               dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
@@ -1844,20 +1846,28 @@ TEST(CudaOps, MhcMixPerTokenMatchesSlices) {
           a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
           a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p,
           a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p;
-          const bool was = cu::hc_mix_tok();
+          const bool was = cu::hc_mix_tok(), was_sx = cu::hc_finish_sx();
           cu::set_hc_mix_tok(tok);
+          cu::set_hc_finish_sx(sx);
           cu::hc_pre(a, nullptr);
           cu::set_hc_mix_tok(was);
+          cu::set_hc_finish_sx(was_sx);
           return std::array<vector<float>, 3>{dx.get(), dpost.get(), dcomb.get()};
         };
-        const auto slices = run(false), tok = run(true);
+        const auto slices = run(false, false), tok = run(true, false), tok_sx = run(true, true);
         const char* what[3] = {"x", "post", "comb"};
-        for (int i = 0; i < 3; ++i)
+        for (int i = 0; i < 3; ++i) {
           EXPECT_EQ(0, std::memcmp(tok[i].data(), slices[i].data(), slices[i].size() * 4))
               << what[i] << " d=" << d << " n=" << n << (official ? " (official)" : " (reference)")
               << ": the per-token mix differs from the per-slice mix";
+          // The finish with the streams staged in shared memory (DSV4_HC_FINISH_SX; from 64 tokens) vs in registers.
+          EXPECT_EQ(0, std::memcmp(tok_sx[i].data(), tok[i].data(), tok[i].size() * 4))
+              << what[i] << " d=" << d << " n=" << n << (official ? " (official)" : " (reference)")
+              << ": the finish with streams in shared memory differs from the register one";
+        }
         // And against the CPU twin (the per-token path's own numerics, not only agreement with the old kernel).
         const MhcPreRef ref = mhc_pre_ref(X, n, hc, d, w.fn, w.base, w.scale, w.nw, iters, 1e-6f, official);
+        expect_close(tok_sx[0], ref.x, official, "mhc per-token mix, streams in smem: pre x");
         expect_close(tok[0], ref.x, official, "mhc per-token mix: pre x");
         expect_close(tok[1], ref.post, false, "mhc per-token mix: pre post");
         expect_close(tok[2], ref.comb, false, "mhc per-token mix: pre comb");

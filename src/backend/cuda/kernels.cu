@@ -773,6 +773,12 @@ __global__ void __launch_bounds__(128) hc_mix_t_kernel(HcPreArgs a, int nmix, in
 // xor butterfly (offsets 16, 8, 4, 2, 1) into a left-complete binary tree over the visit order, summed with one
 // pending value per tree level (a binary counter); the streams' sums are then added in stream order (over_warps).
 constexpr int kHcMixTokMin = 32;
+// hc_finish_kernel<true> (streams through shared memory) for prefill-sized calls (default; DSV4_HC_FINISH_SX=0 /
+// set_hc_finish_sx(false): the register-prefetch kernel). The same bits.
+std::atomic<int> g_hc_finish_sx{[] {
+  const char* e = std::getenv("DSV4_HC_FINISH_SX");
+  return e && std::string(e) == "0" ? 0 : 1;
+}()};
 constexpr int kHcTokPad = 25;  // float4s per (stream, lane) in shared memory: 24 rows + 1 (conflict-free stores)
 std::atomic<int> g_hc_mix_tok{[] {
   const char* e = std::getenv("DSV4_HC_MIX_TOK");
@@ -1058,9 +1064,15 @@ __device__ __forceinline__ void hc_sinkhorn(const HcPreArgs& a, int t, const flo
   }
 }
 
-__global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
+// SX (prefill, hc_finish_sx_on): the token's streams go to shared memory by cp.async (hc_finish_smem_floats) instead
+// of the collapse threads' registers (64 of their 128): at 64 registers two blocks fit an SM, so one token's loads
+// are in flight while the other's coefficients and norm run (ncu, 8K prompt: one 512-thread block per SM, 1.06 IPC,
+// ~0.33 ms per call for ~0.55 GB). The same arithmetic in the same order: the same bits. Requires the split path's
+// conditions (pf below) and X 16-byte aligned with hc * d % 4 == 0 (the host checks).
+template <bool SX>
+__global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a, int nmix, int nslices, const float* partial) {
   // pdl_wait() after the norm weight's prefetch (a constant), before the streams and partials are read.
-  extern __shared__ float xin[];  // max(d, nslices * (kHcMaxMix + 1)) floats
+  extern __shared__ float xin[];  // max(d, nslices * (kHcMaxMix + 1)) floats (rounded up to 4); SX: then hc * d
   __shared__ double red[32];
   __shared__ float mix[kHcMaxMix], pre[16];
   const int t = blockIdx.x, hc = a.hc;
@@ -1075,7 +1087,7 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
   const int64_t ng = d / 4;
   const int ct = static_cast<int>(threadIdx.x) - 32, nct = static_cast<int>(blockDim.x) - 32;  // collapse threads
   const bool pf = hc <= 4 && d % 4 == 0 && ng <= 4 * static_cast<int64_t>(nct);
-  float4 xr[4][4], wr[4];
+  float4 xr[SX ? 1 : 4][4], wr[4];
   if (pf && warp > 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -1096,20 +1108,30 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     }
   }
   pdl_wait();
-  if (pf && warp > 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t g = ct + static_cast<int64_t>(i) * nct;
-      if (g >= ng) continue;
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        if (s < hc) xr[s][i] = __ldg(reinterpret_cast<const float4*>(Xt + s * d) + g);
-    }
-  }
-  // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of
-  // one per slice), then warp 0 sums them.
   const int npart = nslices * (kHcMaxMix + 1);
-  for (int i = threadIdx.x; i < npart; i += blockDim.x) xin[i] = partial[static_cast<int64_t>(t) * npart + i];
+  float* xs = xin + ((std::max<int64_t>(d, npart) + 3) & ~int64_t{3});  // SX: the streams [hc][d]
+  if constexpr (SX) {
+    // Partials first (group 0), then the streams (group 1): warp 0 sums the partials while the streams arrive.
+    for (int i = threadIdx.x; i < npart; i += blockDim.x) cp_async4(xin + i, partial + static_cast<int64_t>(t) * npart + i);
+    cp_async_commit();
+    for (int64_t i = threadIdx.x; i < nf / 4; i += blockDim.x) cp_async16(xs + 4 * i, Xt + 4 * i);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    if (pf && warp > 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t g = ct + static_cast<int64_t>(i) * nct;
+        if (g >= ng) continue;
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          if (s < hc) xr[s][i] = __ldg(reinterpret_cast<const float4*>(Xt + s * d) + g);
+      }
+    }
+    // The block stages this token's partials in shared memory with all its threads (one memory round trip instead of
+    // one per slice), then warp 0 sums them.
+    for (int i = threadIdx.x; i < npart; i += blockDim.x) xin[i] = partial[static_cast<int64_t>(t) * npart + i];
+  }
   __syncthreads();
   if (warp == 0) {
     // Lane r < nmix: mix row r; every lane also sums the squares. Slices summed in double in four interleaved chains
@@ -1139,6 +1161,7 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
     if (!a.head && lane < hc) a.post[t * hc + lane] = 2.0f * sigm(mix[hc + lane] * sc_post + b_post);
     if (!a.head && !pf) hc_sinkhorn(a, t, mix, sc_comb, b_comb);
   }
+  if constexpr (SX) cp_async_wait<0>();  // this thread's stream copies; the barrier publishes everyone's
   __syncthreads();  // pre is out; warp 0 is done with the staged partials before xin is reused below
   if (pf) {
     if (warp == 0) {
@@ -1156,10 +1179,13 @@ __global__ void __launch_bounds__(512) hc_finish_kernel(HcPreArgs a, int nmix, i
 #pragma unroll
       for (int s = 0; s < 4; ++s)
         if (s < hc) {
-          c[0] += pre[s] * xr[s][i].x;
-          c[1] += pre[s] * xr[s][i].y;
-          c[2] += pre[s] * xr[s][i].z;
-          c[3] += pre[s] * xr[s][i].w;
+          float4 x4;
+          if constexpr (SX) x4 = reinterpret_cast<const float4*>(xs + s * d)[g];
+          else x4 = xr[s][i];
+          c[0] += pre[s] * x4.x;
+          c[1] += pre[s] * x4.y;
+          c[2] += pre[s] * x4.z;
+          c[3] += pre[s] * x4.w;
         }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -3031,12 +3057,23 @@ constexpr int kHcUnfusedMin = 64;
 
 void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
   if (a.comb_logits && (a.n != 1 || a.hc != 4 || a.head)) fail("hc_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
-  const size_t sm = static_cast<size_t>(std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1))) * 4;
-  set_smem(reinterpret_cast<const void*>(hc_finish_kernel), sm);
+  const int64_t staged = (std::max<int64_t>(a.d, static_cast<int64_t>(nslices) * (kHcMaxMix + 1)) + 3) & ~int64_t{3};
   const bool rows = !a.comb_logits && !a.head && a.hc == 4 && a.n >= kHcRowSinkhornMin;
   HcPreArgs f = a;
   f.comb_logits = f.comb_logits || rows;
-  launch(hc_finish_kernel, a.n, 512, sm, s, f, hc_nmix(a), nslices, a.partial);
+  // The streams through shared memory (SX) for prefill-sized calls on the split path (hc_finish_kernel's pf: 480
+  // collapse threads cover d / 4 column groups in at most 4 rounds).
+  const bool sx = g_hc_finish_sx.load(std::memory_order_relaxed) == 1 && a.n >= kHcUnfusedMin && a.hc <= 4 &&
+                  a.d % 4 == 0 && a.d / 4 <= 4 * 480 && (reinterpret_cast<uintptr_t>(a.X) & 15u) == 0;
+  if (sx) {
+    const size_t sm = static_cast<size_t>(staged + a.hc * a.d) * 4;
+    set_smem(reinterpret_cast<const void*>(hc_finish_kernel<true>), sm);
+    launch(hc_finish_kernel<true>, a.n, 512, sm, s, f, hc_nmix(a), nslices, a.partial);
+  } else {
+    const size_t sm = static_cast<size_t>(staged) * 4;
+    set_smem(reinterpret_cast<const void*>(hc_finish_kernel<false>), sm);
+    launch(hc_finish_kernel<false>, a.n, 512, sm, s, f, hc_nmix(a), nslices, a.partial);
+  }
   DSV4_LAUNCHED();
   if (rows) {
     launch(hc_sinkhorn_rows_kernel, blocks_for(a.n, 128), 128, 0, s, a.comb, a.n, a.hc_eps, a.sinkhorn_iters);
@@ -3587,6 +3624,8 @@ int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
 void set_norm_rope_pf(bool on) { g_nrw_pf.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool norm_rope_pf() { return g_nrw_pf.load(std::memory_order_relaxed) == 1; }
 void set_hc_mix_t(bool on) { g_hc_mix_t.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_hc_finish_sx(bool on) { g_hc_finish_sx.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool hc_finish_sx() { return g_hc_finish_sx.load(std::memory_order_relaxed) == 1; }
 void set_hc_mix_tok(bool on) { g_hc_mix_tok.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool hc_mix_tok() { return g_hc_mix_tok.load(std::memory_order_relaxed) == 1; }
 bool hc_mix_t() { return hc_mix_t_on(); }

@@ -194,6 +194,10 @@ bool hc_mix_t();
 // set_hc_mix_tok(false): the block-per-slice kernels above). The same bits.
 void set_hc_mix_tok(bool on);
 bool hc_mix_tok();
+// The pre's finish kernel with the token's streams staged in shared memory for prefill-sized calls (default;
+// DSV4_HC_FINISH_SX=0 / set_hc_finish_sx(false): in registers, one block per SM). The same bits.
+void set_hc_finish_sx(bool on);
+bool hc_finish_sx();
 void hc_pre(const HcPreArgs& a, cudaStream_t s);
 // A post's comb input: the final matrix (sinkhorn_iters < 0, the default) or the logits a one-token pre left with
 // HcPreArgs::comb_logits, from which the post forms comb itself (Sinkhorn with these iterations and eps: the pre's).

@@ -1516,6 +1516,15 @@ void run_indexer(int64_t nkeys, int n = 2) {
       for (int i = 0; i < n; ++i) cu::indexer_q_prep(dq1.p + i * Hi * Di, 1, Hi, Di, R, dinv.p, pos0 + i, official, nullptr);
       const auto q1 = dq1.get();
       EXPECT_EQ(std::memcmp(q1.data(), qg.data(), qg.size() * sizeof(float)), 0) << "indexer q prep: warp vs block kernel";
+      // Both warp kernels (rows in registers, DSV4_INDEXER_Q_REG, and in shared memory) against the block kernel.
+      const bool was = cu::indexer_q_reg();
+      cu::set_indexer_q_reg(!was);
+      DBuf<float> dq2(q0);
+      cu::indexer_q_prep(dq2.p, n, Hi, Di, R, dinv.p, pos0, official, nullptr);
+      cu::set_indexer_q_reg(was);
+      const auto q2 = dq2.get();
+      EXPECT_EQ(std::memcmp(q1.data(), q2.data(), q2.size() * sizeof(float)), 0)
+          << "indexer q prep: the other warp kernel (DSV4_INDEXER_Q_REG toggled) vs the block kernel";
     }
     const bool wg = cu::indexer_uses_wg(n, Hi, Di, official, nullptr);
     EXPECT_EQ(wg, official && n >= cu::kGemmMinTokens && cu::prefill_gemm_enabled()) << "official prefill: the wgmma kernel";

@@ -1492,6 +1492,73 @@ __global__ void __launch_bounds__(32 * kIqwRows) indexer_q_warp_kernel(float* q,
   for (int i = lane; i < n; i += 32) qh[i] = v[i];
 }
 
+// indexer_q_warp_kernel for rows of 128 with the row in registers (default; DSV4_INDEXER_Q_REG=0: the shared-memory
+// warp kernel): lane l holds elements 4l .. 4l + 3 (one float4 load and store). RoPE: lane i forms pair i's angle
+// (rope_angle) and the pairs' owner lanes fetch it by shuffle; the Hadamard's stages h = 1, 2 inside a lane, h >= 4
+// between lanes l and l ^ (h / 4) by xor shuffle (the low element keeps a + b, the high one a - b, as in
+// block_hadamard); SIM4 per 32-block over 8 lanes (warp_fake_quant's formula). The shared-memory kernel ran at 0.73 ms
+// per 8K-token CSA layer (366 GB/s, ncu): integer divisions in the butterfly index, __syncwarp and smem round trips
+// per stage. The same operations on the same operands: the same bits. Requires R / 2 <= 32, (128 - R) % 4 == 0.
+__global__ void __launch_bounds__(32 * kIqwRows) indexer_q_reg_kernel(float* q, int rows, int heads, int R,
+                                                                     const float* inv_freq, int64_t pos0, bool official) {
+  constexpr unsigned kFull = 0xffffffffu;
+  pdl_wait();
+  const int lane = threadIdx.x & 31, row = blockIdx.x * kIqwRows + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  constexpr int n = 128;
+  const int pairs = R / 2, r0 = n - R;  // RoPE on elements r0 .. n - 1
+  float4* qh = reinterpret_cast<float4*>(q + static_cast<int64_t>(row) * n) + lane;
+  const float4 x4 = *qh;
+  float v[4] = {x4.x, x4.y, x4.z, x4.w};
+  if (pairs > 0) {
+    const float fp = static_cast<float>(pos0 + row / heads);
+    float c = 1.0f, sn = 0.0f;
+    if (lane < pairs) rope_angle(fp, __ldg(inv_freq + lane), false, c, sn);
+    const int i0 = (4 * lane - r0) / 2;  // pair of elements 4l, 4l + 1 (this lane's first pair when 4l >= r0)
+    const float c0 = __shfl_sync(kFull, c, i0 & 31), s0 = __shfl_sync(kFull, sn, i0 & 31);
+    const float c1 = __shfl_sync(kFull, c, (i0 + 1) & 31), s1 = __shfl_sync(kFull, sn, (i0 + 1) & 31);
+    if (4 * lane >= r0) {
+      rope_apply(v[0], v[1], c0, s0);
+      rope_apply(v[2], v[3], c1, s1);
+    }
+  }
+  if (official) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = bf16r(v[k]);
+    auto bfly = [](float& lo, float& hi) {
+      const float a = lo, b = hi;
+      lo = a + b;
+      hi = a - b;
+    };
+    bfly(v[0], v[1]), bfly(v[2], v[3]);  // h = 1
+    bfly(v[0], v[2]), bfly(v[1], v[3]);  // h = 2
+#pragma unroll
+    for (int hl = 1; hl < 32; hl <<= 1) {  // h = 4 hl: partner lane l ^ hl
+      const bool high = (lane & hl) != 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float o = __shfl_xor_sync(kFull, v[k], hl);
+        v[k] = high ? o - v[k] : v[k] + o;
+      }
+    }
+    const float sc = 1.0f / sqrtf(static_cast<float>(n));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = bf16r(v[k] * sc);
+    // SIM4 per 32 elements = 8 lanes
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+    const float s = pow2_ceil(fmaxf(amax, 6.0f * 1.1754943508222875e-38f) / 6.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = e2m1_rt(fminf(fmaxf(v[k] / s, -6.0f), 6.0f)) * s;
+  }
+  *qh = make_float4(v[0], v[1], v[2], v[3]);
+}
+std::atomic<int> g_iq_reg{[] {
+  const char* e = std::getenv("DSV4_INDEXER_Q_REG");
+  return e && std::string(e) == "0" ? 0 : 1;
+}()};
+
 // Indexer scores v2: block = KEYS keys x (256 / KEYS) head groups (thread = (key, group of heads)). The block first
 // stages the token's queries and weights and its KEYS key rows in shared memory with all of its loads in flight at
 // once (one global round trip, where streaming each key row per thread could chain up to Di / 4 of them: the decode
@@ -3164,6 +3231,13 @@ void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const flo
                     bool official, cudaStream_t s, const int64_t* dpos) {
   if (n <= 0) return;
   const int rows = n * heads;
+  if (!dpos && rows >= 256 && g_iq_reg.load(std::memory_order_relaxed) == 1 && Di == 128 && R % 2 == 0 && R <= 64 &&
+      (Di - R) % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 15u) == 0) {
+    launch(indexer_q_reg_kernel, static_cast<unsigned>((rows + kIqwRows - 1) / kIqwRows), 32 * kIqwRows, 0, s, q, rows,
+           heads, static_cast<int>(R), inv_freq, pos0, official);
+    DSV4_LAUNCHED();
+    return;
+  }
   if (!dpos && rows >= 256 && Di % 32 == 0 && Di <= kIqwMaxDi && (Di & (Di - 1)) == 0 && R % 2 == 0 && R <= Di) {
     launch(indexer_q_warp_kernel, static_cast<unsigned>((rows + kIqwRows - 1) / kIqwRows), 32 * kIqwRows, 0, s, q, rows,
            heads, Di, R, inv_freq, pos0, official);
@@ -3624,6 +3698,8 @@ int moe_wg_mode() { return g_moe_wg_mode.load(std::memory_order_relaxed); }
 void set_norm_rope_pf(bool on) { g_nrw_pf.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool norm_rope_pf() { return g_nrw_pf.load(std::memory_order_relaxed) == 1; }
 void set_hc_mix_t(bool on) { g_hc_mix_t.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_indexer_q_reg(bool on) { g_iq_reg.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool indexer_q_reg() { return g_iq_reg.load(std::memory_order_relaxed) == 1; }
 void set_hc_finish_sx(bool on) { g_hc_finish_sx.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool hc_finish_sx() { return g_hc_finish_sx.load(std::memory_order_relaxed) == 1; }
 void set_hc_mix_tok(bool on) { g_hc_mix_tok.store(on ? 1 : 0, std::memory_order_relaxed); }

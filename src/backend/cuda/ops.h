@@ -250,6 +250,10 @@ void compressor(const CompressorArgs& a, cudaStream_t s);
 // every count derived from it (visible / existing entries) is recomputed in the kernel.
 void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
                     bool official, cudaStream_t s, const int64_t* dpos = nullptr);
+// Prefill rows of 128 (>= 256 rows) by a warp per row held in registers (default; DSV4_INDEXER_Q_REG=0 /
+// set_indexer_q_reg(false): the shared-memory warp kernel). The same bits.
+void set_indexer_q_reg(bool on);
+bool indexer_q_reg();
 // scores[t, w] = sum_h relu(q_th . k_w) * qscale * (wts[t, h] * wscale) ([official] bf16) for w < (pos0+t+1)/ratio,
 // -inf beyond; row stride ld_scores. Then topk[t, :] = indices of the k largest in order (score desc, ties: lower
 // index first), -1 padding; exact radix select + bitonic sort, k <= 2048.

@@ -124,6 +124,56 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
   fp8("fp8 gemm wq_b", 32768, 1024, 4, false);
   fp8("fp8 gemm wq_b", 32768, 1024, 64, false);
 
+  // What an L2-resident weight is worth to a decode GEMV: the official tensor-core GEMV timed alone after a 30 us
+  // device wait, preceded by (cold) the GEMV of another copy, or (warm) its own copy's GEMV, which leaves the 33.6 MB
+  // in the L2 (60 MB). Measured (session 20, one H200): 18.5 vs 14.7 us (wq_b), 17.0 vs 14.0 (wo_b), host-timed with
+  // the launch: the bound a perfect L2 prefetch of the next kernel's weights could reach (the hints tried for it,
+  // docs/BENCHMARKS.md, session 20, recovered < 1 us of it and cost more at their issuing kernels).
+  auto l2_rows = [&](const char* name, int64_t out, int64_t in) {
+    const double wbytes = double(out) * in + double((out + 127) / 128) * ((in + 127) / 128) * 4;
+    const int nc = std::max(copies_for(wbytes), 3);
+    std::vector<cu::DevLinear> W(nc);
+    for (auto& w : W) {
+      w.fmt = dsv4::WeightFormat::FP8_E8M0, w.out = out, w.in = in, w.sb_cols = (in + 127) / 128;
+      w.w = dev.alloc(size_t(out) * in, 0x30);
+      w.scale = dev.f32(size_t((out + 127) / 128) * w.sb_cols, 1.0f);
+    }
+    float* x = dev.f32(size_t(in), 0.5f);
+    float* y = dev.f32(size_t(out), 0.0f);
+    auto run = [&](const cu::DevLinear& w) {
+      cu::LinearArgs a;
+      a.x = x, a.ldx = in, a.n = 1, a.y = y, a.ldy = out, a.round_bf16 = true, a.qa8_x = true;
+      cu::linear(w, a, nullptr);
+    };
+    cudaEvent_t e0, e1;
+    DSV4_CU(cudaEventCreate(&e0));
+    DSV4_CU(cudaEventCreate(&e1));
+    auto timed = [&](bool warm) {
+      std::vector<double> t;
+      for (int i = 0; i < reps + 3; ++i) {
+        const cu::DevLinear &prev = W[i % nc], &cur = W[(i + 1) % nc];
+        run(warm ? cur : prev);
+        cu::device_sleep(30000, nullptr);
+        DSV4_CU(cudaEventRecord(e0));
+        run(cur);
+        DSV4_CU(cudaEventRecord(e1));
+        DSV4_CU(cudaEventSynchronize(e1));
+        float ms = 0;
+        DSV4_CU(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3) t.push_back(ms * 1000.0);
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    const std::string shape = std::to_string(out) + "x" + std::to_string(in) + " n=1";
+    rows.push_back({std::string(name) + " (L2 cold)", shape, wbytes, timed(false)});
+    rows.push_back({std::string(name) + " (L2 warm)", shape, wbytes, timed(true)});
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  };
+  l2_rows("tc gemv wq_b", 32768, 1024);
+  l2_rows("tc gemv wo_b", 4096, 8192);
+
   // BF16 LM head.
   {
     const int64_t V = 129280, d = 4096;

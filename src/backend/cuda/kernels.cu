@@ -2652,6 +2652,17 @@ __global__ void stream_read_kernel(const float4* p, size_t n4, float* sink) {
   if (acc == 1234567.0f) sink[0] = acc;  // never true for the data used; keeps the loads alive
 }
 
+// One thread waiting `ns` of %globaltimer: a latency-bound stretch of known length (bench-ops' L2 rows).
+__global__ void device_sleep_kernel(uint64_t ns) {
+  pdl_wait();
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(200);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 unsigned grid_1d(int64_t total) {
   int64_t b = (total + 255) / 256;
   if (b > 132 * 32) b = 132 * 32;
@@ -4052,6 +4063,11 @@ void moe_reduce(const float* y, const float* ys, int n, int k, int64_t d, bool o
 void add_streams(const float* hp, const float* ep, int n, int hc, int64_t d, bool official, float* Y, cudaStream_t s) {
   if (n <= 0) return;
   launch(add_streams_kernel, grid_1d(static_cast<int64_t>(n) * hc * d), 256, 0, s, hp, ep, n, hc, d, official, Y);
+  DSV4_LAUNCHED();
+}
+
+void device_sleep(uint64_t ns, cudaStream_t s) {
+  launch(device_sleep_kernel, 1, 32, 0, s, ns);
   DSV4_LAUNCHED();
 }
 

@@ -504,5 +504,7 @@ std::vector<uint64_t> trace_end(int device);
 
 // Device-to-device bandwidth probe helper: a streaming read of `bytes` (returns nothing; time it).
 void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s);
+// One tiny kernel that waits `ns` nanoseconds on the device (bench-ops: a latency-bound stretch of known length).
+void device_sleep(uint64_t ns, cudaStream_t s);
 
 }  // namespace dsv4::cuda

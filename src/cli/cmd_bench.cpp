@@ -345,6 +345,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   // with the LM head. On the GPU this is the generic path (position-free ops once over the B rows, the attention-side
   // ops per row, no CUDA graph), so it measures what batching buys today, not a batched-kernel design.
   double batch_step_us = 0;
+  std::vector<std::pair<std::string, double>> batch_prof;
   if (batch > 1) {
     std::vector<std::unique_ptr<dsv4::SequenceState>> extra;
     std::vector<dsv4::SequenceState*> sts{st.get()};
@@ -373,6 +374,13 @@ int cmd_bench(const std::vector<std::string>& args) {
     }
     batch_step_us = median(tb);
     std::fprintf(stderr, "[bench] batched decode (%d sequences): median %.1f us per step\n", batch, batch_step_us);
+    // One more step with an event pair around every op (rank 0 under TP): where the batched step's time goes.
+    for (int b = 0; b < batch; ++b) bids[static_cast<size_t>(b)] = ids[static_cast<size_t>(bpos[static_cast<size_t>(b)] % context)];
+    dsv4::cuda_set_eager_profiling(*be, true);
+    decb.forward_batch(sts.data(), bids.data(), bpos.data(), batch, blogits.data());
+    batch_prof = dsv4::cuda_eager_profile(*be);
+    dsv4::cuda_set_eager_profiling(*be, false);
+    for (auto& p : bpos) ++p;
   }
 
   // Bytes per decode token on rank 0 (its shards), at the middle of the timed steps.
@@ -430,6 +438,15 @@ int cmd_bench(const std::vector<std::string>& args) {
               (long long)prompt);
   for (const auto& [n, ms] : prefill_prof)
     std::printf("    %-24s %10.1f ms  %5.1f%%\n", n.c_str(), ms, 100.0 * ms / std::max(pre_total, 1e-12));
+
+  if (batch > 1) {
+    double bt = 0;  // ops only: a part ("moe/down") is inside its op's time too
+    for (const auto& [n, ms] : batch_prof) bt += n.find('/') == std::string::npos ? ms : 0.0;
+    std::printf("  batched decode time by op (%s, one step of %d sequences, events around each op):\n",
+                tp > 1 ? "rank 0" : "one GPU", batch);
+    for (const auto& [n, ms] : batch_prof)
+      std::printf("    %-24s %10.1f us  %5.1f%%\n", n.c_str(), ms * 1e3, 100.0 * ms / std::max(bt, 1e-12));
+  }
 
   nlohmann::json j = {{"model", which}, {"format", format}, {"layers", layers}, {"tp", tp}, {"context", context},
                       {"prompt", prompt}, {"chunk", chunk}, {"bandwidth_gbs", bw / 1e9},

@@ -292,6 +292,47 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
       EXPECT_LE(st.rel, 2e-5) << "tensor-core GEMV vs the FMA kernels";  // as the prefill GEMM vs GEMV bound
     }
   }
+  // Batched-decode sizes (2 .. 8 tokens) with qa8_x take the multi-token tensor-core GEMV (FP8, >= 1024 rows): against
+  // the CPU, and each token's outputs bit for bit the single-token kernel's on that token alone (its MMA column, scale
+  // product and K-slice order are the single-token kernel's); unrounded against the FMA kernels on QA8(x).
+  if (official && n > 1 && n <= 8) {
+    cu::LinearArgs b = a;
+    b.x = dx.p, b.qa8_x = true, b.x_bf16_exact = false;
+    const bool fp8 = fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32;
+    // 8 tokens of K = 8192 (wo_b): 3 ring stages + 8 staged rows exceed the 227 KB of shared memory.
+    const bool want_tc = fp8 && out >= 1024 && out % 16 == 0 && in % 128 == 0 && !(in == 8192 && n == 8);
+    EXPECT_EQ(cu::gemv_tc_eligible(W, b), want_tc) << "batched FP8 GEMVs with qa8_x take the tensor cores";
+    if (want_tc) {
+      DBuf<float> dn(ref.size());
+      b.y = dn.p;
+      cu::linear(W, b, nullptr);
+      const auto yn = dn.get();
+      expect_close(yn, ref, true, (std::string("multi-token tensor-core GEMV ") + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
+      int same = 0;
+      for (int j = 0; j < n; ++j) {
+        DBuf<float> d1(static_cast<size_t>(out));
+        cu::LinearArgs one = b;
+        one.x = dx.p + static_cast<size_t>(j) * in, one.n = 1, one.y = d1.p;
+        cu::linear(W, one, nullptr);
+        const auto y1 = d1.get();
+        same += std::memcmp(y1.data(), yn.data() + static_cast<size_t>(j) * out, static_cast<size_t>(out) * 4) == 0;
+      }
+      EXPECT_EQ(same, n) << "tokens whose outputs are the single-token kernel's bits";
+      DBuf<float> dt(ref.size()), dr(ref.size());
+      cu::LinearArgs u = b;
+      u.round_bf16 = false, u.y = dt.p;
+      cu::linear(W, u, nullptr);
+      cu::set_gemv_tc_n(false);
+      EXPECT_FALSE(cu::gemv_tc_eligible(W, u)) << "DSV4_GEMV_TC_N=0";
+      u.x = dq.p, u.qa8_x = false, u.x_bf16_exact = true, u.y = dr.p;
+      cu::linear(W, u, nullptr);
+      cu::set_gemv_tc_n(true);
+      const Stats st = cmp(dt.get(), dr.get());
+      std::printf("[op] multi-token tensor-core vs FMA GEMV %lldx%lld n=%d (unrounded): rel L2 %.3g, %d/%d tokens = single-token bits\n",
+                  (long long)out, (long long)in, n, st.rel, same, n);
+      EXPECT_LE(st.rel, 2e-5) << "multi-token tensor-core GEMV vs the FMA kernels";
+    }
+  }
   // QA8 itself must be bit-exact (it is a pure function of each 128-block).
   if (official) {
     auto q = dq.get();
@@ -319,6 +360,19 @@ TEST(CudaOps, PrefillGemm) {
 }
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
+}
+// Batched decode (2 .. 8 tokens) on the multi-token tensor-core GEMV at the Flash shapes it serves: wq_a (n = 5 is in
+// Fp8LinearWqaShape), wq_b, wo_b (K = 8192: 3 ring stages at any n > 1, the staged rows leave no room for 6; 8 tokens
+// of it do not fit at all and take the FMA kernels), the shared expert's w1 and w2 and the indexer's wq_b.
+TEST(CudaOps, TensorCoreGemvMultiToken) {
+  run_linear(32768, 1024, 8, true);
+  run_linear(32768, 1024, 2, true);
+  run_linear(4096, 8192, 7, true);
+  run_linear(4096, 8192, 3, true);
+  run_linear(2048, 4096, 7, true);
+  run_linear(4096, 2048, 4, true);
+  run_linear(8192, 1024, 6, true);
+  run_linear(1024, 4096, 8, true, WeightFormat::FP8_F32);
 }
 // wo_b (K = 8192: the largest staged row) and the shared expert's w1|w3 and w2 at n = 1 (the ring GEMV), and the
 // LM head's format (BF16) at a ring-sized height.

@@ -601,8 +601,8 @@ class CudaBackend final : public Backend {
     if (n == 1 && L.wq_a_wkv.w) {
       lin(L.wq_a_wkv, x, 1, tmp);  // [q_lora | head_dim]; lin() quantizes x inside the GEMV
     } else {
-      lin_pre(L.wq_a, input_for(L.wq_a), n, tmp);
-      lin_pre(L.wkv, input_for(L.wkv), n, kvraw);
+      lin_shared(L.wq_a, x, input_for, n, tmp);
+      lin_shared(L.wkv, x, input_for, n, kvraw);
     }
     cuda::NormRopeArgs a;
     a.x = tmp, a.y = qr, a.rows = n, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps, a.official = official_;
@@ -777,8 +777,8 @@ class CudaBackend final : public Backend {
   void attn_out(int layer, const float* o, int n, int64_t pos0, float* out) override {
     OpScope prof(this, "attn_out");
     const DevLayer& L = lay(layer);
-    const int H = heads(), G = c_.o_groups / tp_;  // TP: this rank's heads in its whole groups
-    const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
+    const int H = heads();
+    const int64_t D = c_.head_dim;
     const float* u = o;  // the de-roped attention output
     // Sized on every path: a switch flipped between a graph's warm-up and its capture must not grow it in capture.
     float* ur = scratch(5, static_cast<size_t>(n) * H * D);
@@ -794,6 +794,90 @@ class CudaBackend final : public Backend {
       cuda::norm_rope(a, s_);
       u = ur;
     }
+    attn_out_project(L, u, n, out);
+  }
+
+  // Batched decode (one token of each of n sequences, Forward::forward_batch): the position-free linears of the
+  // attention -- wq_a, wkv, wq_b here, wo_a and wo_b in attn_out_rows -- as one multi-row GEMV each, so their weights
+  // (~141 MB per Flash layer) stream once per step instead of once per row; the position-dependent norms/RoPE per row
+  // with the row's position, as attn_qkv computes them (the same kernels per row). One GPU (TP keeps the row loop) and
+  // the Forward's contiguous row strides; otherwise, and for one row, the Backend's loop over attn_qkv.
+  // DSV4_BATCH_ROWS=0: the row loop always (A/B).
+  static bool batch_rows_enabled() {
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_BATCH_ROWS");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
+  bool batched_rows(int n) const {
+    const RowDims& d = row_dims();
+    return batch_rows_enabled() && n > 1 && n < cuda::kGemmMinTokens && tp_ == 1 && d.x == c_.hidden && d.qr == c_.q_lora_rank &&
+           d.q == heads() * c_.head_dim && d.kv == c_.head_dim && d.o == heads() * c_.head_dim;
+  }
+  void attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) override {
+    const DevLayer& L = lay(layer);
+    if (!batched_rows(n) || !L.wq_a_wkv.w) return Backend::attn_qkv_rows(layer, x, n, pos, qr, q, kv);
+    OpScope prof(this, "attn_qkv");
+    join_attn_side();
+    stored_rows_.clear(), deroped_.clear();
+    const int64_t D = c_.head_dim, ql = c_.q_lora_rank;
+    const int H = heads();
+    // The stored wq_a|wkv pair over the n rows, [n, ql + D] (what attn_qkv runs for one row), then each row's q_lora
+    // norm and KV norm/RoPE/SIM8 as attn_qkv's norm_rope2, wq_b over the n rows, each row's query RoPE.
+    float* tmp = scratch(0, static_cast<size_t>(n) * (ql + D));
+    lin(L.wq_a_wkv, x, n, tmp);
+    for (int i = 0; i < n; ++i) {
+      cuda::NormRopeArgs a;
+      a.x = tmp + i * (ql + D), a.y = qr + i * ql, a.rows = 1, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps;
+      a.official = official_;
+      cuda::NormRopeArgs k;
+      k.x = tmp + i * (ql + D) + ql, k.y = kv + i * D, k.rows = 1, k.rows_per_token = 1, k.len = D, k.w = L.kv_norm;
+      k.eps = c_.rms_eps, k.rope_dim = c_.rope_dim, k.inv_freq = L.inv_freq, k.pos0 = pos[i], k.official = official_;
+      k.sim8_block = 64;
+      cuda::norm_rope2(a, k, s_);
+    }
+    lin(L.wq_b, qr, n, q);
+    for (int i = 0; i < n; ++i) {
+      cuda::NormRopeArgs b;
+      b.x = q + i * H * D, b.y = q + i * H * D, b.rows = H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
+      b.rope_dim = c_.rope_dim, b.inv_freq = L.inv_freq, b.pos0 = pos[i], b.official = official_;
+      cuda::norm_rope(b, s_);
+    }
+  }
+  void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out) override {
+    if (!batched_rows(n)) return Backend::attn_out_rows(layer, o, n, pos, out);
+    // Each row's inverse RoPE: applied by its attend (the fused single-token merge) or here, per row at its position
+    // (every row the same way; a mix takes the row loop). The projections are then position-free: one GEMV each.
+    const DevLayer& L = lay(layer);
+    const int H = heads();
+    const int64_t D = c_.head_dim, od = row_dims().o;
+    int done = 0;
+    for (int i = 0; i < n; ++i)
+      done += std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o + i * od, pos[i]}) != deroped_.end();
+    if (done != 0 && done != n) return Backend::attn_out_rows(layer, o, n, pos, out);
+    OpScope prof(this, "attn_out");
+    float* ur = scratch(5, static_cast<size_t>(n) * H * D);
+    const float* u = o;
+    for (int i = 0; i < n; ++i) {
+      if (done) {
+        deroped_.erase(std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o + i * od, pos[i]}));
+        continue;
+      }
+      cuda::NormRopeArgs a;
+      a.x = o + i * od, a.y = ur + i * H * D, a.rows = H, a.rows_per_token = H, a.len = D, a.do_norm = false;
+      a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos[i], a.inverse = true, a.official = official_;
+      cuda::norm_rope(a, s_);
+      u = ur;
+    }
+    attn_out_project(L, u, n, out);
+  }
+
+  // attn_out's projections of the de-roped attention output u [n, H * D]: the grouped wo_a, then wo_b (+ TP's
+  // all-reduce, which ends the op).
+  void attn_out_project(const DevLayer& L, const float* u, int n, float* out) {
+    const int H = heads(), G = c_.o_groups / tp_;  // TP: this rank's heads in its whole groups
+    const int64_t D = c_.head_dim, ro = c_.o_lora_rank, gin = H * D / G;
     float* z = scratch(6, static_cast<size_t>(n) * G * ro);
     // Grouped wo_a: CPU applies no activation quantization here (plain dot), then BF16 rounding in official mode.
     // Official numerics: u is BF16 throughout (the attention rounds its output, the inverse RoPE its rotated dims), so
@@ -818,6 +902,14 @@ class CudaBackend final : public Backend {
   }
 
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
+    // Batched decode and chunks of 2..15 tokens on one GPU: each token through the single-token path -- where its
+    // ring/MMA launches (shared expert fused) stream the token's experts at ~2.4 TB/s, the per-slot kernels of an
+    // n-token launch reached ~1.45 (docs/BENCHMARKS.md, session 20) -- so each token gets exactly the bits it gets
+    // decoded alone. DSV4_MOE_PER_TOKEN=0: one n-token launch of each kernel (A/B).
+    if (n > 1 && n < cuda::kMoeGroupedMinTokens && tp_ == 1 && moe_per_token_enabled()) {
+      for (int i = 0; i < n; ++i) moe(layer, x + static_cast<size_t>(i) * c_.hidden, ids + i, 1, out + static_cast<size_t>(i) * c_.hidden);
+      return;
+    }
     OpScope prof(this, "moe");
     if (tp_ > 1) no_collective_pending();  // host-only check, before any work (and before the shared-expert fork)
     const DevLayer& L = lay(layer);
@@ -959,8 +1051,8 @@ class CudaBackend final : public Backend {
       } else {
         g = scratch(20, static_cast<size_t>(n) * Is);
         u = scratch(21, static_cast<size_t>(n) * Is);
-        lin_pre(L.sw1, input_for(L.sw1), n, g);
-        lin_pre(L.sw3, input_for(L.sw3), n, u);
+        lin_shared(L.sw1, x, input_for, n, g);
+        lin_shared(L.sw3, x, input_for, n, u);
       }
       cuda::swiglu(g, u, static_cast<int64_t>(n) * Is, static_cast<float>(c_.swiglu_limit), official_, g, s_);
       ys = tp_ == 1 ? scratch(22, static_cast<size_t>(n) * d) : ybuf + static_cast<size_t>(n) * k * d;
@@ -1288,6 +1380,21 @@ class CudaBackend final : public Backend {
     a.x_bf16_exact = official_ && W.low_precision();
     cuda::linear(W, a, s_);
   }
+  // A linear whose input's QA8 other linears share (input_for(W): QA8(x) where W needs it, computed once): a batched-
+  // decode-sized one whose kernel quantizes x while staging it (the multi-token tensor-core GEMV) reads x itself,
+  // everything else the shared QA8 input. The same values either way.
+  template <typename InputFor>
+  void lin_shared(const DevLinear& W, const float* x, InputFor&& input_for, int n, float* y) {
+    if (official_ && W.low_precision() && n > 1 && n < cuda::kGemmMinTokens) {
+      cuda::LinearArgs f;
+      f.x = x, f.ldx = W.in, f.n = n, f.y = y, f.ldy = W.out, f.round_bf16 = true, f.qa8_x = true;
+      if (cuda::gemv_stages_x(W, f)) {
+        lin(W, x, n, y);
+        return;
+      }
+    }
+    lin_pre(W, input_for(W), n, y);
+  }
   // lin() for an input that is already QA8-quantized where W needs it (shared by several linears of one input).
   void lin_pre(const DevLinear& W, const float* xin, int n, float* y, bool round = true) {
     cuda::LinearArgs a;
@@ -1464,6 +1571,13 @@ class CudaBackend final : public Backend {
     bool operator==(const Deroped& d) const { return layer == d.layer && o == d.o && pos0 == d.pos0; }
   };
   std::vector<Deroped> deroped_;
+  static bool moe_per_token_enabled() {
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_MOE_PER_TOKEN");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
   static bool moe_fork_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FORK");

@@ -20,7 +20,12 @@
 constexpr int kTcgThreads = 512;
 constexpr int kTcgWarps = kTcgThreads / 32;
 constexpr int kTcgS = 6;  // ring stages: 5 steps (5 x 64 B per lane, 160 KB per SM) in flight while one is used
-constexpr size_t kTcgRingBytes = static_cast<size_t>(kTcgS) * 4 * 16 * kTcgThreads;  // 192 KB
+// Ring bytes of S stages (S = kTcgS: 192 KB); the multi-token kernel takes 3 where n tokens' staged rows leave no room.
+constexpr size_t tcg_ring_bytes(int S) { return static_cast<size_t>(S) * 4 * 16 * kTcgThreads; }
+constexpr size_t kTcgRingBytes = tcg_ring_bytes(kTcgS);
+// Tokens per launch of the multi-token kernel: the MMA's 8 columns (one token each; the single-token kernel uses
+// column 0 only, so up to 8 tokens cost the same MMAs and weight bytes).
+constexpr int kTcgMaxN = 8;
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
@@ -35,9 +40,10 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
 
 // QA8 of x[0, K) (K % 128 == 0) as in stage_x: the E4M3 values q as f16 in xq and each 128-block's power-of-two
 // scale s in xsc, so that q * s is exactly the QA8 value the other kernels use (natural column order).
-__device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int64_t K, __half* xq, float* xsc) {
-  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int64_t b = threadIdx.x >> 5; b < K / 128; b += nw) {
+// qa8_f16_block: one warp's 128-block b of that.
+__device__ __forceinline__ void qa8_f16_block(const float* __restrict__ x, int64_t b, __half* xq, float* xsc) {
+  const int lane = threadIdx.x & 31;
+  {
     const float4 v = __ldg(reinterpret_cast<const float4*>(x) + b * 32 + lane);
     const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;
@@ -50,6 +56,20 @@ __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int
     const uint32_t lo = q2(v.x, v.y), hi = q2(v.z, v.w);
     *reinterpret_cast<uint2*>(xq + b * 128 + lane * 4) = make_uint2(lo, hi);
     if (lane == 0) xsc[b] = s;
+  }
+}
+__device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int64_t K, __half* xq, float* xsc) {
+  const int nw = blockDim.x >> 5;
+  for (int64_t b = threadIdx.x >> 5; b < K / 128; b += nw) qa8_f16_block(x, b, xq, xsc);
+}
+// The same for nt rows of x at stride ldx: row j's codes at xq + j K, its scales at xsc + j K / 128.
+__device__ __forceinline__ void stage_x_qa8_f16_rows(const float* __restrict__ x, int64_t ldx, int nt, int64_t K, __half* xq,
+                                                     float* xsc) {
+  const int nw = blockDim.x >> 5;
+  const int64_t KB = K / 128;
+  for (int64_t i = threadIdx.x >> 5; i < nt * KB; i += nw) {
+    const int64_t j = i / KB, b = i - j * KB;
+    qa8_f16_block(x + j * ldx, b, xq + j * K, xsc + j * KB);
   }
 }
 
@@ -66,6 +86,7 @@ __device__ __forceinline__ void tc_issue_step(uint4* ring, int lslot, int tid, c
 // A warp's walk: its tiles are tile_of(0), tile_of(1), ... (block step `it` of the `nblk` blocks that
 // share the tiles, this block `blk`), each over its K slice [kb0, kb0 + nkb) of 128-column blocks; issue() copies the
 // next step (load cursor it / k / slot), prologue() the first kS - 1 steps.
+template <int S = kTcgS>
 struct TcWalk {
   const uint8_t* wbase;  // row 0 of the walked rows
   int64_t K, ntiles, steps;
@@ -76,20 +97,21 @@ struct TcWalk {
   __device__ __forceinline__ void issue(uint4* ring, int tid, int g, int t) {
     const int64_t tile = tile_of(lit);
     if (tile < ntiles) tc_issue_step(ring, lslot, tid, wbase + (tile * 16 + g) * K + static_cast<int64_t>(kb0 + lk) * 128 + 16 * t, K);
-    lslot = lslot + 1 == kTcgS ? 0 : lslot + 1;
+    lslot = lslot + 1 == S ? 0 : lslot + 1;
     if (++lk == nkb) lk = 0, ++lit;
   }
   __device__ __forceinline__ void prologue(uint4* ring, int tid, int g, int t) {
 #pragma unroll
-    for (int p = 0; p < kTcgS - 1; ++p) {
+    for (int p = 0; p < S - 1; ++p) {
       if (p < steps) issue(ring, tid, g, t);
       cp_async_commit();
     }
   }
 };
 // The walk of warp `warp` with wpt K slices per tile (16 / wpt tiles per block step).
-__device__ __forceinline__ TcWalk tc_walk(const uint8_t* wbase, int64_t K, int64_t ntiles, int wpt, int warp, int nblk, int blk) {
-  TcWalk w;
+template <int S = kTcgS>
+__device__ __forceinline__ TcWalk<S> tc_walk(const uint8_t* wbase, int64_t K, int64_t ntiles, int wpt, int warp, int nblk, int blk) {
+  TcWalk<S> w;
   const int64_t KB = K / 128;
   const int ksl = warp % wpt;
   w.wbase = wbase, w.K = K, w.ntiles = ntiles;
@@ -101,13 +123,17 @@ __device__ __forceinline__ TcWalk tc_walk(const uint8_t* wbase, int64_t K, int64
 }
 // The step's 8 MMAs over the lane's ring words q0..q3 and the f16 activation of 128-block kb (xq, natural order):
 // c[0] / c[2] of lanes t == 0 = rows g / g + 8 (column 0).
+// MULTI (the multi-token kernel): column n = g of B is token g's activation (xq + g K) for g < nt, zero above: c[0] /
+// c[1] of lane (g, t) = row g, tokens 2t / 2t + 1, c[2] / c[3] the same for row g + 8.
+template <bool MULTI = false>
 __device__ __forceinline__ void tc_step_mma(const uint4& q0, const uint4& q1, const uint4& q2, const uint4& q3,
-                                            const __half* xq, int kb, int g, int t, float (&c)[4]) {
+                                            const __half* xq, int kb, int g, int t, float (&c)[4], int64_t K = 0, int nt = 1) {
   const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
   const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
   // Activation fragments: lane t < 4 holds x at columns 16 t .. 16 t + 15 and 64 + 16 t .. of this step.
   uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
-  if (g == 0) {
+  if (MULTI ? g < nt : g == 0) {
+    if constexpr (MULTI) xq += g * K;
     const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
     xa = xp[0], xb = xp[1];
     const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
@@ -180,6 +206,76 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
     if (++ck == w.nkb) {
       // End of this block step: K-slice partials to shared memory, then summed in slice order.
       tc_flush_step(red, acc0, acc8, wpt, w.tpb, w.tile_of(cit) - w.ts, ntiles, a.y, a.round_bf16);
+      ck = 0;
+      ++cit;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// The multi-token version (batched decode: 2 <= a.n <= kTcgMaxN tokens, rows of x at a.ldx, of y at a.ldy): the same
+// walk, weight copies and MMAs with token j in column j of B, so the weights stream once for all n tokens. Column j's
+// arithmetic is the single-token kernel's for token j alone -- the same MMA column, the same scale product
+// (weight scale x token j's QA8 scale) and FMA order, the K-slice partials summed in the same order -- so each token's
+// outputs are the single-token kernel's bits (the op test compares them). S: ring stages (kTcgS, or 3 where n staged
+// rows of K leave no room for 6).
+template <int S>
+__global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, int64_t out, LinearArgs a, int wpt) {
+  extern __shared__ float4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  const int64_t K = W.in, KB = K / 128, ntiles = out / 16;
+  const int nt = a.n;
+  uint4* ring = reinterpret_cast<uint4*>(smem);  // [S][4][threads]
+  __half* xq = reinterpret_cast<__half*>(smem + tcg_ring_bytes(S));  // [nt][K]
+  float* xsc = reinterpret_cast<float*>(xq + nt * K);                // [nt][KB]
+  float* red = xsc + nt * KB;                                        // [warps][16 rows][kTcgMaxN tokens]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  TcWalk<S> w = tc_walk<S>(static_cast<const uint8_t*>(W.w), K, ntiles, wpt, warp, gridDim.x, blockIdx.x);
+  w.prologue(ring, tid, g, t);
+  pdl_wait();
+  stage_x_qa8_f16_rows(a.x, a.ldx, nt, K, xq, xsc);
+  __syncthreads();
+  int64_t cit = 0;
+  int ck = 0, cslot = 0;
+  const int j0 = 2 * t, j1 = 2 * t + 1;  // this lane's tokens (columns of D)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // row g: tokens j0, j1; row g + 8: tokens j0, j1
+  for (int64_t st = 0; st < w.steps; ++st) {
+    if (st + S - 1 < w.steps) w.issue(ring, tid, g, t);
+    cp_async_commit();
+    cp_async_wait<S - 1>();
+    const int64_t tile = w.tile_of(cit);
+    if (tile < ntiles) {
+      const int kb = w.kb0 + ck;
+      const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
+      const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tc_step_mma<true>(q0, q1, q2, q3, xq, kb, g, t, c, K, nt);
+      const float ws = fp8_scale(W.sc, (tile * 16 >> 7) * W.sb + kb);
+      const float s0 = j0 < nt ? ws * xsc[j0 * KB + kb] : 0.0f, s1 = j1 < nt ? ws * xsc[j1 * KB + kb] : 0.0f;
+      acc[0] = fmaf(c[0], s0, acc[0]);
+      acc[1] = fmaf(c[1], s1, acc[1]);
+      acc[2] = fmaf(c[2], s0, acc[2]);
+      acc[3] = fmaf(c[3], s1, acc[3]);
+    }
+    cslot = cslot + 1 == S ? 0 : cslot + 1;
+    if (++ck == w.nkb) {
+      // End of this block step: every lane's 4 partials to shared memory, then each (tile, row, token) output summed
+      // over the K slices in slice order, as tc_flush_step does for one token.
+      float* mine = red + (warp * 16 + g) * kTcgMaxN;
+      mine[j0] = acc[0], mine[j1] = acc[1], mine[8 * kTcgMaxN + j0] = acc[2], mine[8 * kTcgMaxN + j1] = acc[3];
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+      __syncthreads();
+      const int64_t first_tile = w.tile_of(cit) - w.ts;
+      for (int i = tid; i < w.tpb * 16 * nt; i += kTcgThreads) {
+        const int ts2 = i / (16 * nt), r = (i / nt) % 16, j = i % nt;
+        const int64_t tile2 = first_tile + ts2;
+        if (tile2 < ntiles) {
+          float v = 0.0f;
+          for (int k = 0; k < wpt; ++k) v += red[((ts2 * wpt + k) * 16 + r) * kTcgMaxN + j];
+          a.y[j * a.ldy + tile2 * 16 + r] = a.round_bf16 ? bf16r(v) : v;
+        }
+      }
+      __syncthreads();
       ck = 0;
       ++cit;
     }

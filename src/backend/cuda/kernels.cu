@@ -2872,16 +2872,36 @@ std::atomic<bool> g_tc_gemv_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 size_t tc_gemv_smem(int64_t K) { return kTcgRingBytes + static_cast<size_t>(K) * 2 + static_cast<size_t>(K / 128) * 4 + kTcgWarps * 16 * 4; }
+// The multi-token kernel's shared memory with S ring stages for n tokens of K.
+size_t tc_gemv_n_smem(int S, int64_t K, int n) {
+  return tcg_ring_bytes(S) + static_cast<size_t>(n) * (static_cast<size_t>(K) * 2 + static_cast<size_t>(K / 128) * 4) +
+         kTcgWarps * 16 * kTcgMaxN * 4;
+}
+// Its ring stages for n tokens of K: kTcgS where that fits, else 3 (wo_b's K = 8192 at 8 tokens), 0: neither fits.
+int tc_gemv_n_stages(int64_t K, int n) {
+  if (tc_gemv_n_smem(kTcgS, K, n) <= smem_optin()) return kTcgS;
+  return tc_gemv_n_smem(3, K, n) <= smem_optin() ? 3 : 0;
+}
 }  // namespace
 void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
 
-// The tensor-core GEMV (gemv_tc.cuh) takes single-token FP8 linears whose x the kernel quantizes (qa8_x: official
-// numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
+// The tensor-core GEMV (gemv_tc.cuh) takes FP8 linears of 1 .. kTcgMaxN tokens (decode, batched decode) whose x the
+// kernel quantizes (qa8_x: official numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
+// DSV4_GEMV_TC_N=0 / set_gemv_tc_n(false): only single tokens (batched decode then takes the FMA kernels; A/B).
+namespace {
+std::atomic<bool> g_tc_gemv_n_on{[] {
+  const char* e = std::getenv("DSV4_GEMV_TC_N");
+  return !(e && std::string(e) == "0");
+}()};
+}  // namespace
+void set_gemv_tc_n(bool on) { g_tc_gemv_n_on.store(on, std::memory_order_relaxed); }
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
-  return g_tc_gemv_on.load(std::memory_order_relaxed) && a.n == 1 && a.qa8_x && a.group_rows == 0 &&
-         gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) &&
-         fmt_of(W.fmt) == kFP8 && W.out % 16 == 0 && W.out >= 1024 && W.in % 128 == 0 && aligned16(W.w) &&
-         aligned16(a.x) && tc_gemv_smem(W.in) <= smem_optin();
+  if (!g_tc_gemv_on.load(std::memory_order_relaxed) || a.n < 1 || a.n > kTcgMaxN || !a.qa8_x || a.group_rows != 0 ||
+      !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) || fmt_of(W.fmt) != kFP8 ||
+      W.out % 16 != 0 || W.out < 1024 || W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x))
+    return false;
+  if (a.n == 1) return tc_gemv_smem(W.in) <= smem_optin();
+  return g_tc_gemv_n_on.load(std::memory_order_relaxed) && a.ldy >= W.out && tc_gemv_n_stages(W.in, a.n) != 0;
 }
 
 // The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
@@ -2925,9 +2945,19 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
-    const size_t sm = tc_gemv_smem(W.in);
-    allow_smem(gemv_tc_fp8_kernel, sm);
-    launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    if (a.n == 1) {
+      const size_t sm = tc_gemv_smem(W.in);
+      allow_smem(gemv_tc_fp8_kernel, sm);
+      launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    } else if (tc_gemv_n_stages(W.in, a.n) == kTcgS) {
+      const size_t sm = tc_gemv_n_smem(kTcgS, W.in, a.n);
+      allow_smem(gemv_tc_fp8_n_kernel<kTcgS>, sm);
+      launch(gemv_tc_fp8_n_kernel<kTcgS>, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    } else {
+      const size_t sm = tc_gemv_n_smem(3, W.in, a.n);
+      allow_smem(gemv_tc_fp8_n_kernel<3>, sm);
+      launch(gemv_tc_fp8_n_kernel<3>, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    }
     DSV4_LAUNCHED();
     return;
   }

@@ -902,14 +902,6 @@ class CudaBackend final : public Backend {
   }
 
   void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
-    // Batched decode and chunks of 2..15 tokens on one GPU: each token through the single-token path -- where its
-    // ring/MMA launches (shared expert fused) stream the token's experts at ~2.4 TB/s, the per-slot kernels of an
-    // n-token launch reached ~1.45 (docs/BENCHMARKS.md, session 20) -- so each token gets exactly the bits it gets
-    // decoded alone. DSV4_MOE_PER_TOKEN=0: one n-token launch of each kernel (A/B).
-    if (n > 1 && n < cuda::kMoeGroupedMinTokens && tp_ == 1 && moe_per_token_enabled()) {
-      for (int i = 0; i < n; ++i) moe(layer, x + static_cast<size_t>(i) * c_.hidden, ids + i, 1, out + static_cast<size_t>(i) * c_.hidden);
-      return;
-    }
     OpScope prof(this, "moe");
     if (tp_ > 1) no_collective_pending();  // host-only check, before any work (and before the shared-expert fork)
     const DevLayer& L = lay(layer);
@@ -1571,13 +1563,6 @@ class CudaBackend final : public Backend {
     bool operator==(const Deroped& d) const { return layer == d.layer && o == d.o && pos0 == d.pos0; }
   };
   std::vector<Deroped> deroped_;
-  static bool moe_per_token_enabled() {
-    static const bool on = [] {
-      const char* e = std::getenv("DSV4_MOE_PER_TOKEN");
-      return !(e && std::string(e) == "0");
-    }();
-    return on;
-  }
   static bool moe_fork_enabled() {
     static const bool on = [] {
       const char* e = std::getenv("DSV4_MOE_FORK");

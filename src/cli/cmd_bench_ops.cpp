@@ -40,14 +40,19 @@ struct Dev {
   }
 };
 
-// Median time (us) of `reps` launches of fn(i) (i = rotation index), after warm-up.
-double time_us(const std::function<void(int)>& fn, int reps = 30) {
+// Median time (us) of `reps` launches of fn(i) (i = rotation index), after warm-up; before(i), if given, runs untimed
+// ahead of each.
+double time_us(const std::function<void(int)>& fn, int reps = 30, const std::function<void(int)>& before = nullptr) {
   cudaEvent_t a, b;
   DSV4_CU(cudaEventCreate(&a));
   DSV4_CU(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) fn(i);
+  for (int i = 0; i < 3; ++i) {
+    if (before) before(i);
+    fn(i);
+  }
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
+    if (before) before(i);
     DSV4_CU(cudaEventRecord(a));
     fn(i);
     DSV4_CU(cudaEventRecord(b));
@@ -145,31 +150,16 @@ int cmd_bench_ops(const std::vector<std::string>& args) {
       a.x = x, a.ldx = in, a.n = 1, a.y = y, a.ldy = out, a.round_bf16 = true, a.qa8_x = true;
       cu::linear(w, a, nullptr);
     };
-    cudaEvent_t e0, e1;
-    DSV4_CU(cudaEventCreate(&e0));
-    DSV4_CU(cudaEventCreate(&e1));
+    // Copy i + 1 timed; before it, copy i's GEMV (cold) or its own (warm), then the wait.
     auto timed = [&](bool warm) {
-      std::vector<double> t;
-      for (int i = 0; i < reps + 3; ++i) {
-        const cu::DevLinear &prev = W[i % nc], &cur = W[(i + 1) % nc];
-        run(warm ? cur : prev);
+      return time_us([&](int i) { run(W[(i + 1) % nc]); }, reps, [&](int i) {
+        run(W[(warm ? i + 1 : i) % nc]);
         cu::device_sleep(30000, nullptr);
-        DSV4_CU(cudaEventRecord(e0));
-        run(cur);
-        DSV4_CU(cudaEventRecord(e1));
-        DSV4_CU(cudaEventSynchronize(e1));
-        float ms = 0;
-        DSV4_CU(cudaEventElapsedTime(&ms, e0, e1));
-        if (i >= 3) t.push_back(ms * 1000.0);
-      }
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
+      });
     };
     const std::string shape = std::to_string(out) + "x" + std::to_string(in) + " n=1";
     rows.push_back({std::string(name) + " (L2 cold)", shape, wbytes, timed(false)});
     rows.push_back({std::string(name) + " (L2 warm)", shape, wbytes, timed(true)});
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
   };
   l2_rows("tc gemv wq_b", 32768, 1024);
   l2_rows("tc gemv wo_b", 4096, 8192);

@@ -295,12 +295,11 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
   // Batched-decode sizes (2 .. 8 tokens) with qa8_x take the multi-token tensor-core GEMV (FP8, >= 1024 rows): against
   // the CPU, and each token's outputs bit for bit the single-token kernel's on that token alone (its MMA column, scale
   // product and K-slice order are the single-token kernel's); unrounded against the FMA kernels on QA8(x).
-  if (official && n > 1 && n <= 8) {
+  if (official && n > 1 && n < cu::kGemmMinTokens) {
     cu::LinearArgs b = a;
     b.x = dx.p, b.qa8_x = true, b.x_bf16_exact = false;
     const bool fp8 = fmt == WeightFormat::FP8_E8M0 || fmt == WeightFormat::FP8_F32;
-    // 8 tokens of K = 8192 (wo_b): 3 ring stages + 8 staged rows exceed the 227 KB of shared memory.
-    const bool want_tc = fp8 && out >= 1024 && out % 16 == 0 && in % 128 == 0 && !(in == 8192 && n == 8);
+    const bool want_tc = fp8 && out >= 1024 && out % 16 == 0 && in % 128 == 0;
     EXPECT_EQ(cu::gemv_tc_eligible(W, b), want_tc) << "batched FP8 GEMVs with qa8_x take the tensor cores";
     if (want_tc) {
       DBuf<float> dn(ref.size());
@@ -361,14 +360,17 @@ TEST(CudaOps, PrefillGemm) {
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
 }
-// Batched decode (2 .. 8 tokens) on the multi-token tensor-core GEMV at the Flash shapes it serves: wq_a (n = 5 is in
-// Fp8LinearWqaShape), wq_b, wo_b (K = 8192: 3 ring stages at any n > 1, the staged rows leave no room for 6; 8 tokens
-// of it do not fit at all and take the FMA kernels), the shared expert's w1 and w2 and the indexer's wq_b.
+// Batched decode (2 .. 15 tokens) on the multi-token tensor-core GEMV at the Flash shapes it serves: wq_a (n = 5 is in
+// Fp8LinearWqaShape), wq_b, wo_b (K = 8192: 3 ring stages at any n > 1, the staged rows leave no room for 6; at most
+// 7 tokens a launch, so 8 = 7 + 1), the shared expert's w1 and w2 and the indexer's wq_b; more than 8 tokens (12, 15)
+// in launches of 8.
 TEST(CudaOps, TensorCoreGemvMultiToken) {
   run_linear(32768, 1024, 8, true);
   run_linear(32768, 1024, 2, true);
-  run_linear(4096, 8192, 7, true);
+  run_linear(32768, 1024, 12, true);
+  run_linear(4096, 8192, 8, true);
   run_linear(4096, 8192, 3, true);
+  run_linear(4096, 8192, 15, true);
   run_linear(2048, 4096, 7, true);
   run_linear(4096, 2048, 4, true);
   run_linear(8192, 1024, 6, true);

@@ -108,6 +108,18 @@ struct TcWalk {
     }
   }
 };
+// Step st of a walk of `steps`: the copies S - 1 steps ahead issued, then this step's copies waited for.
+template <int S>
+__device__ __forceinline__ void tc_ring_advance(TcWalk<S>& w, uint4* ring, int64_t st, int tid, int g, int t) {
+  if (st + S - 1 < w.steps) w.issue(ring, tid, g, t);
+  cp_async_commit();
+  cp_async_wait<S - 1>();
+}
+// The lane's 4 words of ring slot `slot` (rows g and g + 8, chunks t and t + 4, see tc_issue_step).
+__device__ __forceinline__ void tc_slot_words(const uint4* ring, int slot, int tid, uint4& q0, uint4& q1, uint4& q2, uint4& q3) {
+  const uint4* src = ring + static_cast<int64_t>(slot) * 4 * kTcgThreads + tid;
+  q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
+}
 // The walk of warp `warp` with wpt K slices per tile (16 / wpt tiles per block step).
 template <int S = kTcgS>
 __device__ __forceinline__ TcWalk<S> tc_walk(const uint8_t* wbase, int64_t K, int64_t ntiles, int wpt, int warp, int nblk, int blk) {
@@ -188,14 +200,12 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   int ck = 0, cslot = 0;
   float acc0 = 0.0f, acc8 = 0.0f;  // rows g and g + 8 (column 0: lanes with t == 0)
   for (int64_t s = 0; s < w.steps; ++s) {
-    if (s + kTcgS - 1 < w.steps) w.issue(ring, tid, g, t);
-    cp_async_commit();
-    cp_async_wait<kTcgS - 1>();
+    tc_ring_advance(w, ring, s, tid, g, t);
     const int64_t tile = w.tile_of(cit);
     if (tile < ntiles) {
       const int kb = w.kb0 + ck;
-      const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
-      const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
+      uint4 q0, q1, q2, q3;
+      tc_slot_words(ring, cslot, tid, q0, q1, q2, q3);
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       tc_step_mma(q0, q1, q2, q3, xq, kb, g, t, c);
       const float sc = fp8_scale(W.sc, (tile * 16 >> 7) * W.sb + kb) * xsc[kb];
@@ -240,14 +250,12 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, i
   const int j0 = 2 * t, j1 = 2 * t + 1;  // this lane's tokens (columns of D)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // row g: tokens j0, j1; row g + 8: tokens j0, j1
   for (int64_t st = 0; st < w.steps; ++st) {
-    if (st + S - 1 < w.steps) w.issue(ring, tid, g, t);
-    cp_async_commit();
-    cp_async_wait<S - 1>();
+    tc_ring_advance(w, ring, st, tid, g, t);
     const int64_t tile = w.tile_of(cit);
     if (tile < ntiles) {
       const int kb = w.kb0 + ck;
-      const uint4* src = ring + static_cast<int64_t>(cslot) * 4 * kTcgThreads + tid;
-      const uint4 q0 = src[0], q1 = src[kTcgThreads], q2 = src[2 * kTcgThreads], q3 = src[3 * kTcgThreads];
+      uint4 q0, q1, q2, q3;
+      tc_slot_words(ring, cslot, tid, q0, q1, q2, q3);
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       tc_step_mma<true>(q0, q1, q2, q3, xq, kb, g, t, c, K, nt);
       const float ws = fp8_scale(W.sc, (tile * 16 >> 7) * W.sb + kb);

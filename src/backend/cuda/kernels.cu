@@ -2882,11 +2882,18 @@ int tc_gemv_n_stages(int64_t K, int n) {
   if (tc_gemv_n_smem(kTcgS, K, n) <= smem_optin()) return kTcgS;
   return tc_gemv_n_smem(3, K, n) <= smem_optin() ? 3 : 0;
 }
+// The most tokens one launch takes for K (<= kTcgMaxN; 7 for K = 8192), 1 where no multi-token launch fits.
+int tc_gemv_n_cap(int64_t K) {
+  int n = kTcgMaxN;
+  while (n > 1 && tc_gemv_n_stages(K, n) == 0) --n;
+  return n;
+}
 }  // namespace
 void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
 
-// The tensor-core GEMV (gemv_tc.cuh) takes FP8 linears of 1 .. kTcgMaxN tokens (decode, batched decode) whose x the
-// kernel quantizes (qa8_x: official numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
+// The tensor-core GEMV (gemv_tc.cuh) takes FP8 linears of 1 .. kGemmMinTokens - 1 tokens (decode, batched decode;
+// more than a launch holds go in launches of tc_gemv_n_cap tokens) whose x the kernel quantizes (qa8_x: official
+// numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
 // DSV4_GEMV_TC_N=0 / set_gemv_tc_n(false): only single tokens (batched decode then takes the FMA kernels; A/B).
 namespace {
 std::atomic<bool> g_tc_gemv_n_on{[] {
@@ -2896,12 +2903,13 @@ std::atomic<bool> g_tc_gemv_n_on{[] {
 }  // namespace
 void set_gemv_tc_n(bool on) { g_tc_gemv_n_on.store(on, std::memory_order_relaxed); }
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
-  if (!g_tc_gemv_on.load(std::memory_order_relaxed) || a.n < 1 || a.n > kTcgMaxN || !a.qa8_x || a.group_rows != 0 ||
+  if (!g_tc_gemv_on.load(std::memory_order_relaxed) || a.n < 1 || a.n >= kGemmMinTokens || !a.qa8_x || a.group_rows != 0 ||
       !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) || fmt_of(W.fmt) != kFP8 ||
       W.out % 16 != 0 || W.out < 1024 || W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x))
     return false;
   if (a.n == 1) return tc_gemv_smem(W.in) <= smem_optin();
-  return g_tc_gemv_n_on.load(std::memory_order_relaxed) && a.ldy >= W.out && tc_gemv_n_stages(W.in, a.n) != 0;
+  return g_tc_gemv_n_on.load(std::memory_order_relaxed) && a.ldy >= W.out && tc_gemv_smem(W.in) <= smem_optin() &&
+         tc_gemv_n_cap(W.in) > 1;
 }
 
 // The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
@@ -2945,6 +2953,15 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
+    const int cap = a.n == 1 ? 1 : tc_gemv_n_cap(W.in);
+    if (a.n > cap) {  // launches of cap tokens (the last one the rest): each token's bits as in any launch
+      for (int j = 0; j < a.n; j += cap) {
+        LinearArgs c = a;
+        c.x = a.x + static_cast<int64_t>(j) * a.ldx, c.y = a.y + static_cast<int64_t>(j) * a.ldy, c.n = std::min(cap, a.n - j);
+        gemv(W, c, s);
+      }
+      return;
+    }
     if (a.n == 1) {
       const size_t sm = tc_gemv_smem(W.in);
       allow_smem(gemv_tc_fp8_kernel, sm);

@@ -74,10 +74,11 @@ bool gemv_stages_x(const DevLinear& W, const LinearArgs& a);         // linear()
 // keeps the v3 kernels (A/B, tests). *_ring_eligible: the call would take the ring kernel.
 void set_gemv_ring(bool on);
 bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a);
-// FP8 GEMVs of 1 .. 8 tokens with qa8_x (official numerics) run on the tensor cores (gemv_tc.cuh): the same function up
-// to fp32 summation order. DSV4_GEMV_TC=0 or set_gemv_tc(false) keeps the ring / v3 kernels. Several tokens (batched
-// decode) share one walk over the weights, token j in MMA column j, each token's outputs the single-token kernel's
-// bits; DSV4_GEMV_TC_N=0 / set_gemv_tc_n(false): single tokens only.
+// FP8 GEMVs of 1 .. kGemmMinTokens - 1 tokens with qa8_x (official numerics) run on the tensor cores (gemv_tc.cuh): the
+// same function up to fp32 summation order. DSV4_GEMV_TC=0 or set_gemv_tc(false) keeps the ring / v3 kernels. Up to 8
+// tokens (batched decode; 7 at K = 8192, more in several launches) share one walk over the weights, token j in MMA
+// column j, each token's outputs the single-token kernel's bits; DSV4_GEMV_TC_N=0 / set_gemv_tc_n(false): single
+// tokens only.
 void set_gemv_tc(bool on);
 void set_gemv_tc_n(bool on);
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a);

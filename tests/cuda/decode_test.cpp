@@ -1,5 +1,6 @@
 // CUDA decode features against their CPU-side contracts: sequence-state snapshots (Session prefix reuse), the MTP
 // block vs its golden, and decode-step CUDA graphs vs eager launches (bit-identical logits) with per-token timings.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "../model/batch_plan.h"
 #include "../model/fixture_util.h"
@@ -14,6 +16,8 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops.h"
 #include "dsv4/engine.h"
+#include "model/synthetic_weights.h"
+#include "numeric/quant_sim.h"
 
 namespace dsv4::test {
 namespace {
@@ -250,6 +254,64 @@ TEST(CudaBatch, EveryRowMatchesItsSequenceAlone) {
     std::printf("[cuda-batch] %-12s rows not bit-identical: %d, max|diff|/max|logit| %.3g\n", name.c_str(), differ, worst);
     EXPECT_LE(worst, 1e-4f) << name;
   }
+}
+
+// The batched attention projections at Flash shapes (one synthetic layer, official numerics: the tensor-core GEMVs
+// run, which the tiny fixtures are too small for) against the Backend's row loop over the single-row ops, 4 rows at
+// positions across the window and the context: attn_qkv_rows (the wq_a|wkv pair and wq_b over the rows: each token
+// the single-token kernel's bits; the norms/RoPE per row) bit for bit; attn_out_rows (wo_a of 4 rows on the FMA kernels
+// vs the single-row ring GEMV: another fp32 summation order before the BF16 roundings) within rel L2 1e-2.
+TEST(CudaBatch, FlashShapedRowOpsMatchTheRowLoop) {
+  SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 1);
+  const ModelConfig cfg = syn.cfg;
+  Model m(cfg, std::move(syn.ckpt), make_cuda_backend(), Numerics::Official);
+  Forward fwd(m, 4);  // sets the backend's row strides
+  Backend& b = m.backend();
+  const RowDims d = b.row_dims();
+  constexpr int n = 4;
+  const int64_t pos[n] = {5, 130, 4097, 8191};
+  std::mt19937 g(3);
+  auto upload = [&](size_t count, float sd, bool bf16) {
+    std::normal_distribution<float> nd(0.0f, sd);
+    std::vector<float> h(count);
+    for (auto& v : h) v = nd(g);
+    if (bf16) num::round_bf16(h.data(), static_cast<int64_t>(count));
+    float* p = b.alloc_f32(count);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), count * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+  };
+  auto get = [&](const float* p, size_t count) {
+    std::vector<float> h(count);
+    b.download_f32(h.data(), p, count);
+    return h;
+  };
+  const float* x = upload(static_cast<size_t>(n * d.x), 1.0f, true);
+  float *qr[2], *q[2], *kv[2];
+  for (int k = 0; k < 2; ++k) {
+    qr[k] = b.alloc_f32(static_cast<size_t>(n * d.qr));
+    q[k] = b.alloc_f32(static_cast<size_t>(n * d.q));
+    kv[k] = b.alloc_f32(static_cast<size_t>(n * d.kv));
+  }
+  b.attn_qkv_rows(0, x, n, pos, qr[0], q[0], kv[0]);
+  b.Backend::attn_qkv_rows(0, x, n, pos, qr[1], q[1], kv[1]);
+  const std::pair<float* const*, int64_t> outs[3] = {{qr, d.qr}, {q, d.q}, {kv, d.kv}};
+  const char* names[3] = {"qr", "q", "kv"};
+  for (int i = 0; i < 3; ++i) {
+    const size_t count = static_cast<size_t>(n * outs[i].second);
+    const auto a = get(outs[i].first[0], count), r = get(outs[i].first[1], count);
+    EXPECT_EQ(std::memcmp(a.data(), r.data(), count * 4), 0) << names[i] << ": rel L2 " << rel_l2(a, r);
+  }
+  const float* o = upload(static_cast<size_t>(n * d.o), 0.05f, true);
+  float* y[2] = {b.alloc_f32(static_cast<size_t>(n * d.x)), b.alloc_f32(static_cast<size_t>(n * d.x))};
+  b.attn_out_rows(0, o, n, pos, y[0]);
+  b.Backend::attn_out_rows(0, o, n, pos, y[1]);
+  const auto ya = get(y[0], static_cast<size_t>(n * d.x)), yr = get(y[1], static_cast<size_t>(n * d.x));
+  size_t differ = 0;
+  for (size_t i = 0; i < ya.size(); ++i) differ += ya[i] != yr[i];
+  std::printf("[cuda-batch] Flash-shaped attn_out_rows vs the row loop: rel L2 %.3g, %zu of %zu outputs differ\n",
+              rel_l2(ya, yr), differ, ya.size());
+  EXPECT_LE(rel_l2(ya, yr), 1e-2);
+  for (float v : ya) ASSERT_TRUE(std::isfinite(v));
 }
 
 // Per-token decode latency, graph vs eager (median of 5 runs of `steps` single-token steps each, logits downloaded

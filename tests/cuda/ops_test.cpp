@@ -307,16 +307,22 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
       cu::linear(W, b, nullptr);
       const auto yn = dn.get();
       expect_close(yn, ref, true, (std::string("multi-token tensor-core GEMV ") + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n)).c_str());
+      // Bit for bit before the BF16 rounding (after it, a last-bit difference would survive only ~1 in 2^15 times).
+      cu::LinearArgs bu = b;
+      DBuf<float> dnu(ref.size());
+      bu.round_bf16 = false, bu.y = dnu.p;
+      cu::linear(W, bu, nullptr);
+      const auto ynu = dnu.get();
       int same = 0;
       for (int j = 0; j < n; ++j) {
         DBuf<float> d1(static_cast<size_t>(out));
-        cu::LinearArgs one = b;
+        cu::LinearArgs one = bu;
         one.x = dx.p + static_cast<size_t>(j) * in, one.n = 1, one.y = d1.p;
         cu::linear(W, one, nullptr);
         const auto y1 = d1.get();
-        same += std::memcmp(y1.data(), yn.data() + static_cast<size_t>(j) * out, static_cast<size_t>(out) * 4) == 0;
+        same += std::memcmp(y1.data(), ynu.data() + static_cast<size_t>(j) * out, static_cast<size_t>(out) * 4) == 0;
       }
-      EXPECT_EQ(same, n) << "tokens whose outputs are the single-token kernel's bits";
+      EXPECT_EQ(same, n) << "tokens whose unrounded outputs are the single-token kernel's bits";
       DBuf<float> dt(ref.size()), dr(ref.size());
       cu::LinearArgs u = b;
       u.round_bf16 = false, u.y = dt.p;
@@ -327,7 +333,7 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
       cu::linear(W, u, nullptr);
       cu::set_gemv_tc_n(true);
       const Stats st = cmp(dt.get(), dr.get());
-      std::printf("[op] multi-token tensor-core vs FMA GEMV %lldx%lld n=%d (unrounded): rel L2 %.3g, %d/%d tokens = single-token bits\n",
+      std::printf("[op] multi-token tensor-core vs FMA GEMV %lldx%lld n=%d (unrounded): rel L2 %.3g, %d/%d tokens = single-token bits (unrounded)\n",
                   (long long)out, (long long)in, n, st.rel, same, n);
       EXPECT_LE(st.rel, 2e-5) << "multi-token tensor-core GEMV vs the FMA kernels";
     }
@@ -370,11 +376,47 @@ TEST(CudaOps, TensorCoreGemvMultiToken) {
   run_linear(32768, 1024, 12, true);
   run_linear(4096, 8192, 8, true);
   run_linear(4096, 8192, 3, true);
+  run_linear(4096, 8192, 14, true);  // 7 + 7: two full launches of the 3-stage kernel
   run_linear(4096, 8192, 15, true);
   run_linear(2048, 4096, 7, true);
   run_linear(4096, 2048, 4, true);
   run_linear(8192, 1024, 6, true);
   run_linear(1024, 4096, 8, true, WeightFormat::FP8_F32);
+}
+// Row strides wider than the rows (x at in + 128, y at out + 16), 5 tokens and 12 (two launches): x's padding is
+// NaN (a read of it would poison the QA8 scale and every output of its row) and y's padding must stay as it was; each
+// token's outputs are the single-token kernel's bits (unrounded).
+TEST(CudaOps, TensorCoreGemvMultiTokenStrides) {
+  const int64_t out = 2048, in = 4096, ldx = in + 128, ldy = out + 16;
+  std::mt19937 g(7);
+  auto L = make_linear(WeightFormat::FP8_E8M0, out, in, g);
+  cu::DevLinear W = cu::upload_linear(L->ref);
+  for (int n : {5, 12}) {
+    vector<float> x(static_cast<size_t>(n * ldx), std::numeric_limits<float>::quiet_NaN());
+    const vector<float> r = randn(static_cast<size_t>(n * in), g);
+    for (int t = 0; t < n; ++t) std::copy_n(r.begin() + t * in, in, x.begin() + t * ldx);
+    const float sentinel = 12345.0f;
+    DBuf<float> dx(x), dy(vector<float>(static_cast<size_t>(n * ldy), sentinel));
+    cu::LinearArgs a;
+    a.x = dx.p, a.ldx = ldx, a.n = n, a.y = dy.p, a.ldy = ldy, a.qa8_x = true;
+    ASSERT_TRUE(cu::gemv_tc_eligible(W, a));
+    cu::linear(W, a, nullptr);
+    const auto y = dy.get();
+    int same = 0, pad_ok = 0;
+    for (int t = 0; t < n; ++t) {
+      DBuf<float> d1(static_cast<size_t>(out));
+      cu::LinearArgs one = a;
+      one.x = dx.p + t * ldx, one.n = 1, one.y = d1.p, one.ldy = out;
+      cu::linear(W, one, nullptr);
+      const auto y1 = d1.get();
+      same += std::memcmp(y1.data(), y.data() + t * ldy, static_cast<size_t>(out) * 4) == 0;
+      pad_ok += std::all_of(y.begin() + t * ldy + out, y.begin() + (t + 1) * ldy, [&](float v) { return v == sentinel; });
+      for (int64_t c = 0; c < out; ++c) ASSERT_TRUE(std::isfinite(y[static_cast<size_t>(t * ldy + c)])) << "token " << t;
+    }
+    EXPECT_EQ(same, n) << "n " << n << ": tokens with the single-token kernel's bits";
+    EXPECT_EQ(pad_ok, n) << "n " << n << ": rows whose padding the GEMV left alone";
+  }
+  cu::free_linear(W);
 }
 // wo_b (K = 8192: the largest staged row) and the shared expert's w1|w3 and w2 at n = 1 (the ring GEMV), and the
 // LM head's format (BF16) at a ring-sized height.

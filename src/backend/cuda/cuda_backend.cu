@@ -812,6 +812,8 @@ class CudaBackend final : public Backend {
   }
   bool batched_rows(int n) const {
     const RowDims& d = row_dims();
+    // The row paths take host-side positions: never inside a decode-graph step (whose ops read the device position).
+    if (n > 1 && dyn_) fail("CUDA backend: a batched row op inside a single-token decode step");
     return batch_rows_enabled() && n > 1 && n < cuda::kGemmMinTokens && tp_ == 1 && d.x == c_.hidden && d.qr == c_.q_lora_rank &&
            d.q == heads() * c_.head_dim && d.kv == c_.head_dim && d.o == heads() * c_.head_dim;
   }

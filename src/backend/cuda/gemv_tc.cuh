@@ -1,4 +1,5 @@
-// Decode GEMV on the tensor cores: single-token FP8 linears in official numerics (QA8 activations).
+// Decode GEMV on the tensor cores: FP8 linears of one token (and, gemv_tc_fp8_n_kernel below, of 2-8) in official
+// numerics (QA8 activations).
 //
 // Why: the ring GEMV (gemv_ring.cuh) dequantizes every weight to fp32 and multiplies it on the FMA pipe, ~3
 // instructions per weight; ncu found it issue-bound (warps eligible but not selected, math-pipe throttle) at ~45 % of
@@ -26,6 +27,9 @@ constexpr size_t kTcgRingBytes = tcg_ring_bytes(kTcgS);
 // Tokens per launch of the multi-token kernel: the MMA's 8 columns (one token each; the single-token kernel uses
 // column 0 only, so up to 8 tokens cost the same MMAs and weight bytes).
 constexpr int kTcgMaxN = 8;
+// The multi-token kernel's staged rows are K + kTcgRowPad halves apart: with a plain 2K-byte stride (a multiple of 128)
+// the lanes of consecutive tokens read the same banks.
+constexpr int kTcgRowPad = 8;
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
@@ -62,14 +66,14 @@ __device__ __forceinline__ void stage_x_qa8_f16(const float* __restrict__ x, int
   const int nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < K / 128; b += nw) qa8_f16_block(x, b, xq, xsc);
 }
-// The same for nt rows of x at stride ldx: row j's codes at xq + j K, its scales at xsc + j K / 128.
-__device__ __forceinline__ void stage_x_qa8_f16_rows(const float* __restrict__ x, int64_t ldx, int nt, int64_t K, __half* xq,
-                                                     float* xsc) {
+// The same for nt rows of x at stride ldx: row j's codes at xq + j xs (xs >= K), its scales at xsc + j K / 128.
+__device__ __forceinline__ void stage_x_qa8_f16_rows(const float* __restrict__ x, int64_t ldx, int nt, int64_t K, int64_t xs,
+                                                     __half* xq, float* xsc) {
   const int nw = blockDim.x >> 5;
   const int64_t KB = K / 128;
   for (int64_t i = threadIdx.x >> 5; i < nt * KB; i += nw) {
     const int64_t j = i / KB, b = i - j * KB;
-    qa8_f16_block(x + j * ldx, b, xq + j * K, xsc + j * KB);
+    qa8_f16_block(x + j * ldx, b, xq + j * xs, xsc + j * KB);
   }
 }
 
@@ -130,22 +134,25 @@ __device__ __forceinline__ TcWalk<S> tc_walk(const uint8_t* wbase, int64_t K, in
   w.tpb = kTcgWarps / wpt, w.ts = warp / wpt, w.nblk = nblk, w.blk = blk;
   w.kb0 = static_cast<int>(ksl * KB / wpt), w.nkb = static_cast<int>((ksl + 1) * KB / wpt) - w.kb0;
   const int64_t per_step = static_cast<int64_t>(nblk) * w.tpb;
-  w.steps = (ntiles + per_step - 1) / per_step * w.nkb;  // block steps: the same for every warp of the block
+  // Ring steps: tile steps x this slice's 128-column blocks (slices may differ by one block); the tile steps, and so
+  // the flushes (block barriers), are the same for every warp of the block.
+  w.steps = (ntiles + per_step - 1) / per_step * w.nkb;
   return w;
 }
 // The step's 8 MMAs over the lane's ring words q0..q3 and the f16 activation of 128-block kb (xq, natural order):
 // c[0] / c[2] of lanes t == 0 = rows g / g + 8 (column 0).
-// MULTI (the multi-token kernel): column n = g of B is token g's activation (xq + g K) for g < nt, zero above: c[0] /
-// c[1] of lane (g, t) = row g, tokens 2t / 2t + 1, c[2] / c[3] the same for row g + 8.
+// MULTI (the multi-token kernel): column n = g of B is token g's activation (xq + g xs) for g < nt, zero above: c[0] /
+// c[1] of lane (g, t) = row g, tokens 2t / 2t + 1, c[2] / c[3] the same for row g + 8. Single token (!MULTI): lanes
+// g == 0 hold the token in column 0, the other columns are zero.
 template <bool MULTI = false>
 __device__ __forceinline__ void tc_step_mma(const uint4& q0, const uint4& q1, const uint4& q2, const uint4& q3,
-                                            const __half* xq, int kb, int g, int t, float (&c)[4], int64_t K = 0, int nt = 1) {
+                                            const __half* xq, int kb, int g, int t, float (&c)[4], int64_t xs = 0, int nt = 1) {
   const uint32_t wg[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
   const uint32_t wg8[8] = {q2.x, q2.y, q2.z, q2.w, q3.x, q3.y, q3.z, q3.w};
   // Activation fragments: lane t < 4 holds x at columns 16 t .. 16 t + 15 and 64 + 16 t .. of this step.
   uint4 xa = make_uint4(0u, 0u, 0u, 0u), xb = xa, xc = xa, xd = xa;
   if (MULTI ? g < nt : g == 0) {
-    if constexpr (MULTI) xq += g * K;
+    if constexpr (MULTI) xq += g * xs;
     const uint4* xp = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 16 * t);
     xa = xp[0], xb = xp[1];
     const uint4* xp2 = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(kb) * 128 + 64 + 16 * t);
@@ -225,10 +232,11 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
 
 // The multi-token version (batched decode: 2 <= a.n <= kTcgMaxN tokens, rows of x at a.ldx, of y at a.ldy): the same
 // walk, weight copies and MMAs with token j in column j of B, so the weights stream once for all n tokens. Column j's
-// arithmetic is the single-token kernel's for token j alone -- the same MMA column, the same scale product
-// (weight scale x token j's QA8 scale) and FMA order, the K-slice partials summed in the same order -- so each token's
-// outputs are the single-token kernel's bits (the op test compares them). S: ring stages (kTcgS, or 3 where n staged
-// rows of K leave no room for 6).
+// arithmetic is the single-token kernel's for token j alone -- the same weight fragments against token j's activation
+// (the single-token kernel has it in column 0; the tensor core's columns are independent dot products), the same scale
+// product (weight scale x token j's QA8 scale) and FMA order, the K-slice partials summed in the same order -- so each
+// token's outputs are the single-token kernel's bits (the op test compares them, unrounded). S: ring stages (6 down to
+// 3, the most that fit beside n staged rows).
 template <int S>
 __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, int64_t out, LinearArgs a, int wpt) {
   extern __shared__ float4 smem_raw[];
@@ -236,14 +244,15 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, i
   const int64_t K = W.in, KB = K / 128, ntiles = out / 16;
   const int nt = a.n;
   uint4* ring = reinterpret_cast<uint4*>(smem);  // [S][4][threads]
-  __half* xq = reinterpret_cast<__half*>(smem + tcg_ring_bytes(S));  // [nt][K]
-  float* xsc = reinterpret_cast<float*>(xq + nt * K);                // [nt][KB]
+  const int64_t xs = K + kTcgRowPad;                                 // staged row stride (halves)
+  __half* xq = reinterpret_cast<__half*>(smem + tcg_ring_bytes(S));  // [nt][xs]
+  float* xsc = reinterpret_cast<float*>(xq + nt * xs);               // [nt][KB]
   float* red = xsc + nt * KB;                                        // [warps][16 rows][kTcgMaxN tokens]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   TcWalk<S> w = tc_walk<S>(static_cast<const uint8_t*>(W.w), K, ntiles, wpt, warp, gridDim.x, blockIdx.x);
   w.prologue(ring, tid, g, t);
   pdl_wait();
-  stage_x_qa8_f16_rows(a.x, a.ldx, nt, K, xq, xsc);
+  stage_x_qa8_f16_rows(a.x, a.ldx, nt, K, xs, xq, xsc);
   __syncthreads();
   int64_t cit = 0;
   int ck = 0, cslot = 0;
@@ -257,7 +266,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, i
       uint4 q0, q1, q2, q3;
       tc_slot_words(ring, cslot, tid, q0, q1, q2, q3);
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tc_step_mma<true>(q0, q1, q2, q3, xq, kb, g, t, c, K, nt);
+      tc_step_mma<true>(q0, q1, q2, q3, xq, kb, g, t, c, xs, nt);
       const float ws = fp8_scale(W.sc, (tile * 16 >> 7) * W.sb + kb);
       const float s0 = j0 < nt ? ws * xsc[j0 * KB + kb] : 0.0f, s1 = j1 < nt ? ws * xsc[j1 * KB + kb] : 0.0f;
       acc[0] = fmaf(c[0], s0, acc[0]);

@@ -2872,20 +2872,22 @@ std::atomic<bool> g_tc_gemv_on{[] {
   return !(e && std::string(e) == "0");
 }()};
 size_t tc_gemv_smem(int64_t K) { return kTcgRingBytes + static_cast<size_t>(K) * 2 + static_cast<size_t>(K / 128) * 4 + kTcgWarps * 16 * 4; }
-// The multi-token kernel's shared memory with S ring stages for n tokens of K.
+// The multi-token kernel's shared memory with S ring stages for n tokens of K (rows padded by kTcgRowPad halves).
 size_t tc_gemv_n_smem(int S, int64_t K, int n) {
-  return tcg_ring_bytes(S) + static_cast<size_t>(n) * (static_cast<size_t>(K) * 2 + static_cast<size_t>(K / 128) * 4) +
+  return tcg_ring_bytes(S) + static_cast<size_t>(n) * (static_cast<size_t>(K + kTcgRowPad) * 2 + static_cast<size_t>(K / 128) * 4) +
          kTcgWarps * 16 * kTcgMaxN * 4;
 }
-// Its ring stages for n tokens of K: kTcgS where that fits, else 3 (wo_b's K = 8192 at 8 tokens), 0: neither fits.
-int tc_gemv_n_stages(int64_t K, int n) {
-  if (tc_gemv_n_smem(kTcgS, K, n) <= smem_optin()) return kTcgS;
-  return tc_gemv_n_smem(3, K, n) <= smem_optin() ? 3 : 0;
+// Its ring stages for n tokens of K: the most of kTcgS .. 3 that fit (e.g. 5 for 7 tokens of K = 4096, 3 for wo_b's
+// K = 8192 at 7), 0: none fits. smem: the device's opt-in limit (smem_optin()).
+int tc_gemv_n_stages(int64_t K, int n, size_t smem) {
+  for (int S = kTcgS; S >= 3; --S)
+    if (tc_gemv_n_smem(S, K, n) <= smem) return S;
+  return 0;
 }
 // The most tokens one launch takes for K (<= kTcgMaxN; 7 for K = 8192), 1 where no multi-token launch fits.
-int tc_gemv_n_cap(int64_t K) {
+int tc_gemv_n_cap(int64_t K, size_t smem) {
   int n = kTcgMaxN;
-  while (n > 1 && tc_gemv_n_stages(K, n) == 0) --n;
+  while (n > 1 && tc_gemv_n_stages(K, n, smem) == 0) --n;
   return n;
 }
 }  // namespace
@@ -2908,8 +2910,9 @@ bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
       W.out % 16 != 0 || W.out < 1024 || W.in % 128 != 0 || !aligned16(W.w) || !aligned16(a.x))
     return false;
   if (a.n == 1) return tc_gemv_smem(W.in) <= smem_optin();
-  return g_tc_gemv_n_on.load(std::memory_order_relaxed) && a.ldy >= W.out && tc_gemv_smem(W.in) <= smem_optin() &&
-         tc_gemv_n_cap(W.in) > 1;
+  const size_t smem = smem_optin();
+  return g_tc_gemv_n_on.load(std::memory_order_relaxed) && a.ldy >= W.out && tc_gemv_smem(W.in) <= smem &&
+         tc_gemv_n_cap(W.in, smem) > 1;
 }
 
 // The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
@@ -2953,7 +2956,8 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
-    const int cap = a.n == 1 ? 1 : tc_gemv_n_cap(W.in);
+    const size_t smem = smem_optin();
+    const int cap = a.n == 1 ? 1 : tc_gemv_n_cap(W.in, smem);
     if (a.n > cap) {  // launches of cap tokens (the last one the rest): each token's bits as in any launch
       for (int j = 0; j < a.n; j += cap) {
         LinearArgs c = a;
@@ -2966,14 +2970,20 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
       const size_t sm = tc_gemv_smem(W.in);
       allow_smem(gemv_tc_fp8_kernel, sm);
       launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
-    } else if (tc_gemv_n_stages(W.in, a.n) == kTcgS) {
-      const size_t sm = tc_gemv_n_smem(kTcgS, W.in, a.n);
-      allow_smem(gemv_tc_fp8_n_kernel<kTcgS>, sm);
-      launch(gemv_tc_fp8_n_kernel<kTcgS>, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
     } else {
-      const size_t sm = tc_gemv_n_smem(3, W.in, a.n);
-      allow_smem(gemv_tc_fp8_n_kernel<3>, sm);
-      launch(gemv_tc_fp8_n_kernel<3>, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+      const int S = tc_gemv_n_stages(W.in, a.n, smem);
+      auto go = [&](auto kern) {
+        const size_t sm = tc_gemv_n_smem(S, W.in, a.n);
+        allow_smem(kern, sm);
+        launch(kern, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+      };
+      switch (S) {
+        case 6: go(gemv_tc_fp8_n_kernel<6>); break;
+        case 5: go(gemv_tc_fp8_n_kernel<5>); break;
+        case 4: go(gemv_tc_fp8_n_kernel<4>); break;
+        case 3: go(gemv_tc_fp8_n_kernel<3>); break;
+        default: fail("gemv: no ring stage count fits ", a.n, " tokens of K = ", W.in);
+      }
     }
     DSV4_LAUNCHED();
     return;

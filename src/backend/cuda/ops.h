@@ -60,7 +60,8 @@ struct LinearArgs {
   // in the prefill GEMM. A promise the caller keeps: the GEMM then drops x's bits below BF16.
   bool x_bf16_exact = false;
   // x is raw and the kernel applies QA8 while staging it (official numerics' FP8/FP4 linears): only where
-  // gemv_stages_x() holds (single-token GEMVs), bit-identical to qa8_rows + GEMV.
+  // gemv_stages_x() holds (single-token GEMVs, and the tensor-core GEMV of up to 15 tokens), the same QA8 values as
+  // qa8_rows + GEMV.
   bool qa8_x = false;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are

@@ -581,7 +581,7 @@ class CudaBackend final : public Backend {
     join_attn_side();
     stored_rows_.clear(), deroped_.clear();
     const DevLayer& L = lay(layer);
-    const int64_t D = c_.head_dim, R = c_.rope_dim, ql = c_.q_lora_rank;
+    const int64_t D = c_.head_dim, ql = c_.q_lora_rank;
     const int H = heads();  // this rank's query heads (all of them without TP)
     // wq_a and wkv read the same x: one QA8 of it, and for a single token one GEMV over the stored pair.
     float* tmp = scratch(0, static_cast<size_t>(n) * (ql + D));
@@ -604,13 +604,9 @@ class CudaBackend final : public Backend {
       lin_shared(L.wq_a, x, input_for, n, tmp);
       lin_shared(L.wkv, x, input_for, n, kvraw);
     }
-    cuda::NormRopeArgs a;
-    a.x = tmp, a.y = qr, a.rows = n, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps, a.official = official_;
-    cuda::NormRopeArgs b;
-    b.x = q, b.y = q, b.rows = n * H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
-    b.rope_dim = R, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_, b.dpos = dpos();
-    cuda::NormRopeArgs k = b;
-    k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
+    const QkvNorms nr = qkv_norms(L, tmp, qr, kvraw, kv, q, n, pos0);
+    const cuda::NormRopeArgs &a = nr.qlora, &k = nr.kv;
+    cuda::NormRopeArgs b = nr.heads;
     part.reset();
     part.emplace(this, "attn_qkv/norms", true);
     cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
@@ -787,14 +783,37 @@ class CudaBackend final : public Backend {
       deroped_.erase(done);  // the attention kernel applied the inverse RoPE already
     } else {
       OpScope sub(this, "attn_out/derope", true);
-      cuda::NormRopeArgs a;
-      a.x = o, a.y = ur, a.rows = n * H, a.rows_per_token = H, a.len = D, a.do_norm = false;
-      a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
-      a.dpos = dpos();
-      cuda::norm_rope(a, s_);
+      cuda::norm_rope(derope_args(L, o, ur, n, pos0), s_);
       u = ur;
     }
     attn_out_project(L, u, n, out);
+  }
+
+  // attn_qkv's norms of n tokens from pos0 (graph mode: the device position): the q_lora rows' norm (qraw -> qr), the KV
+  // rows' norm, RoPE and SIM8 (kvraw -> kv), and -- after wq_b -- the query heads' RoPE (q in place).
+  struct QkvNorms {
+    cuda::NormRopeArgs qlora, kv, heads;
+  };
+  QkvNorms qkv_norms(const DevLayer& L, const float* qraw, float* qr, const float* kvraw, float* kv, float* q, int n,
+                     int64_t pos0) const {
+    QkvNorms r;
+    cuda::NormRopeArgs& a = r.qlora;
+    a.x = qraw, a.y = qr, a.rows = n, a.len = c_.q_lora_rank, a.w = L.q_norm, a.eps = c_.rms_eps, a.official = official_;
+    cuda::NormRopeArgs& b = r.heads;
+    b.x = q, b.y = q, b.rows = n * heads(), b.rows_per_token = heads(), b.len = c_.head_dim, b.w = nullptr, b.eps = c_.rms_eps;
+    b.rope_dim = c_.rope_dim, b.inv_freq = L.inv_freq, b.pos0 = pos0, b.official = official_, b.dpos = dpos();
+    cuda::NormRopeArgs& k = r.kv;
+    k = b;
+    k.x = kvraw, k.y = kv, k.rows = n, k.rows_per_token = 1, k.w = L.kv_norm, k.sim8_block = 64;
+    return r;
+  }
+  // attn_out's inverse RoPE of n tokens' attention output o -> y from pos0 (graph mode: the device position).
+  cuda::NormRopeArgs derope_args(const DevLayer& L, const float* o, float* y, int n, int64_t pos0) const {
+    cuda::NormRopeArgs a;
+    a.x = o, a.y = y, a.rows = n * heads(), a.rows_per_token = heads(), a.len = c_.head_dim, a.do_norm = false;
+    a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos0, a.inverse = true, a.official = official_;
+    a.dpos = dpos();
+    return a;
   }
 
   // Batched decode (one token of each of n sequences, Forward::forward_batch): the position-free linears of the
@@ -829,23 +848,16 @@ class CudaBackend final : public Backend {
     // norm and KV norm/RoPE/SIM8 as attn_qkv's norm_rope2, wq_b over the n rows, each row's query RoPE.
     float* tmp = scratch(0, static_cast<size_t>(n) * (ql + D));
     lin(L.wq_a_wkv, x, n, tmp);
+    auto row = [&](int i) {
+      float* t = tmp + i * (ql + D);
+      return qkv_norms(L, t, qr + i * ql, t + ql, kv + i * D, q + i * H * D, 1, pos[i]);
+    };
     for (int i = 0; i < n; ++i) {
-      cuda::NormRopeArgs a;
-      a.x = tmp + i * (ql + D), a.y = qr + i * ql, a.rows = 1, a.len = ql, a.w = L.q_norm, a.eps = c_.rms_eps;
-      a.official = official_;
-      cuda::NormRopeArgs k;
-      k.x = tmp + i * (ql + D) + ql, k.y = kv + i * D, k.rows = 1, k.rows_per_token = 1, k.len = D, k.w = L.kv_norm;
-      k.eps = c_.rms_eps, k.rope_dim = c_.rope_dim, k.inv_freq = L.inv_freq, k.pos0 = pos[i], k.official = official_;
-      k.sim8_block = 64;
-      cuda::norm_rope2(a, k, s_);
+      const QkvNorms nr = row(i);
+      cuda::norm_rope2(nr.qlora, nr.kv, s_);
     }
     lin(L.wq_b, qr, n, q);
-    for (int i = 0; i < n; ++i) {
-      cuda::NormRopeArgs b;
-      b.x = q + i * H * D, b.y = q + i * H * D, b.rows = H, b.rows_per_token = H, b.len = D, b.w = nullptr, b.eps = c_.rms_eps;
-      b.rope_dim = c_.rope_dim, b.inv_freq = L.inv_freq, b.pos0 = pos[i], b.official = official_;
-      cuda::norm_rope(b, s_);
-    }
+    for (int i = 0; i < n; ++i) cuda::norm_rope(row(i).heads, s_);
   }
   void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out) override {
     if (!batched_rows(n)) return Backend::attn_out_rows(layer, o, n, pos, out);
@@ -866,10 +878,7 @@ class CudaBackend final : public Backend {
         deroped_.erase(std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o + i * od, pos[i]}));
         continue;
       }
-      cuda::NormRopeArgs a;
-      a.x = o + i * od, a.y = ur + i * H * D, a.rows = H, a.rows_per_token = H, a.len = D, a.do_norm = false;
-      a.rope_dim = c_.rope_dim, a.inv_freq = L.inv_freq, a.pos0 = pos[i], a.inverse = true, a.official = official_;
-      cuda::norm_rope(a, s_);
+      cuda::norm_rope(derope_args(L, o + i * od, ur + i * H * D, 1, pos[i]), s_);
       u = ur;
     }
     attn_out_project(L, u, n, out);

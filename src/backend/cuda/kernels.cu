@@ -47,6 +47,11 @@ std::atomic<bool> g_pdl_allowed{true};  // set_pdl(): the tensor-parallel backen
 std::atomic<bool> g_trace_names_on{false};
 std::mutex g_trace_mu;
 std::map<int, std::vector<const void*>> g_trace_funcs;  // per device (under TP: per rank)
+// An A/B switch read from the environment once: on unless set to "0".
+bool switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string(e) == "0");
+}
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
@@ -2867,10 +2872,7 @@ void linear(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
 void set_gemv_ring(bool on) { g_ring_on.store(on, std::memory_order_relaxed); }
 
 namespace {
-std::atomic<bool> g_tc_gemv_on{[] {
-  const char* e = std::getenv("DSV4_GEMV_TC");
-  return !(e && std::string(e) == "0");
-}()};
+std::atomic<bool> g_tc_gemv_on{switch_on("DSV4_GEMV_TC")};
 size_t tc_gemv_smem(int64_t K) { return kTcgRingBytes + static_cast<size_t>(K) * 2 + static_cast<size_t>(K / 128) * 4 + kTcgWarps * 16 * 4; }
 // The multi-token kernel's shared memory with S ring stages for n tokens of K (rows padded by kTcgRowPad halves).
 size_t tc_gemv_n_smem(int S, int64_t K, int n) {
@@ -2898,10 +2900,7 @@ void set_gemv_tc(bool on) { g_tc_gemv_on.store(on, std::memory_order_relaxed); }
 // numerics), with whole 16-row tiles and 128-column blocks, from 1024 rows up.
 // DSV4_GEMV_TC_N=0 / set_gemv_tc_n(false): only single tokens (batched decode then takes the FMA kernels; A/B).
 namespace {
-std::atomic<bool> g_tc_gemv_n_on{[] {
-  const char* e = std::getenv("DSV4_GEMV_TC_N");
-  return !(e && std::string(e) == "0");
-}()};
+std::atomic<bool> g_tc_gemv_n_on{switch_on("DSV4_GEMV_TC_N")};
 }  // namespace
 void set_gemv_tc_n(bool on) { g_tc_gemv_n_on.store(on, std::memory_order_relaxed); }
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
@@ -2956,21 +2955,21 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
-    const size_t smem = smem_optin();
-    const int cap = a.n == 1 ? 1 : tc_gemv_n_cap(W.in, smem);
-    if (a.n > cap) {  // launches of cap tokens (the last one the rest): each token's bits as in any launch
-      for (int j = 0; j < a.n; j += cap) {
-        LinearArgs c = a;
-        c.x = a.x + static_cast<int64_t>(j) * a.ldx, c.y = a.y + static_cast<int64_t>(j) * a.ldy, c.n = std::min(cap, a.n - j);
-        gemv(W, c, s);
-      }
-      return;
-    }
     if (a.n == 1) {
       const size_t sm = tc_gemv_smem(W.in);
       allow_smem(gemv_tc_fp8_kernel, sm);
       launch(gemv_tc_fp8_kernel, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
     } else {
+      const size_t smem = smem_optin();
+      const int cap = tc_gemv_n_cap(W.in, smem);
+      if (a.n > cap) {  // launches of cap tokens (the last one the rest): each token's bits as in any launch
+        for (int j = 0; j < a.n; j += cap) {
+          LinearArgs c = a;
+          c.x = a.x + static_cast<int64_t>(j) * a.ldx, c.y = a.y + static_cast<int64_t>(j) * a.ldy, c.n = std::min(cap, a.n - j);
+          gemv(W, c, s);
+        }
+        return;
+      }
       const int S = tc_gemv_n_stages(W.in, a.n, smem);
       auto go = [&](auto kern) {
         const size_t sm = tc_gemv_n_smem(S, W.in, a.n);
@@ -3565,10 +3564,6 @@ void router(const RouterArgs& a, cudaStream_t s) {
 }
 
 namespace {
-bool switch_on(const char* name) {
-  const char* e = std::getenv(name);
-  return !(e && std::string(e) == "0");
-}
 std::atomic<bool> g_attend_store_fuse_on{switch_on("DSV4_ATTEND_FUSE_STORE")};
 std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.

@@ -986,7 +986,8 @@ TEST(CudaOps, Mxfp4DecodeExpertsMma) {
     // refresh of the staged activation's pointers in mma_walk (each down tile reads its own slot's row).
     run_decode_experts_mma(7168, 1536, shared);
   }
-  cu::set_shared_expert_mma(true);  // the default
+  cu::set_shared_expert_mma(true);  // the defaults
+  cu::set_expert_f16(true);
 }
 void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
   cu::set_shared_expert_mma(shared);
@@ -1041,6 +1042,8 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
     DBuf<float> act[2] = {DBuf<float>(static_cast<size_t>((k + 1) * I)), DBuf<float>(static_cast<size_t>((k + 1) * I))};
     DBuf<float> y[2] = {DBuf<float>(static_cast<size_t>((k + 1) * d)), DBuf<float>(static_cast<size_t>((k + 1) * d))};
     int parts = 1;
+    // The E4M3 MMA walk first (the f16 walk, the default, is compared with it below).
+    cu::set_expert_f16(false);
     for (int m = 0; m < 2; ++m) {  // m = 0: FMA ring walk, 1: MMA walk
       cu::set_expert_mma(m == 1);
       cu::ExpertArgs b = a;
@@ -1113,6 +1116,42 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
       }
     }
     const size_t kI = static_cast<size_t>(k * I), kd = static_cast<size_t>(k * d);
+    {
+      // The routed walk on f16 MMAs (set_expert_f16, the default; MMA-only launches): the same products, the tensor
+      // core's order inside an MMA may differ, so close to the E4M3 walk (unrounded: fp32 summation order only) and to
+      // the FMA walk; the shared expert's walk is the same code, the same bits. Row-major and tile-major alike.
+      for (bool tiles : {false, true}) {
+        if (tiles && !down_ring) continue;
+        cu::set_expert_f16(true);
+        const int64_t f0 = cu::expert_f16_launches();
+        DBuf<float> act5(static_cast<size_t>((k + 1) * I)), y5(static_cast<size_t>((k + 1) * d));
+        cu::ExpertArgs b = a, c = dn;
+        if (tiles) b.table = c.table = dtiled.p, b.tiles = c.tiles = true;
+        b.act = act5.p, c.act = act5.p, c.y = y5.p;
+        cu::expert_gate_up(b, nullptr);
+        cu::expert_down(c, nullptr);
+        cu::set_expert_f16(false);
+        const bool only = shared || !down_ring;  // "shared FMA" with a fused shared expert takes the full kernel
+        EXPECT_GE(cu::expert_f16_launches() - f0, only ? (down_ring ? 2 : 1) : 0) << "the f16 walk ran";
+        const auto a5 = act5.get(), y5h = y5.get();
+        const Stats fa = cmp(part(a5, 0, kI), part(a1, 0, kI)), fy = cmp(part(y5h, 0, kd), part(y1, 0, kd));
+        const Stats fa0 = cmp(part(a5, 0, kI), part(a0, 0, kI)), fy0 = cmp(part(y5h, 0, kd), part(y0, 0, kd));
+        const bool same_a = std::memcmp(a5.data(), a1.data(), kI * 4) == 0, same_y = std::memcmp(y5h.data(), y1.data(), kd * 4) == 0;
+        std::printf("[op] decode experts f16 MMA walk (%s, %s%s): vs E4M3 walk gate/up %s (rel L2 %.3g), down %s (rel L2 %.3g); "
+                    "vs FMA walk %.3g / %.3g\n", what.c_str(), official ? "official" : "unrounded", tiles ? ", tiles" : "",
+                    same_a ? "bit-identical" : "differs", fa.rel, same_y ? "bit-identical" : "differs", fy.rel, fa0.rel, fy0.rel);
+        EXPECT_LE(fa.rel, official ? 3e-3 : 1e-6);
+        EXPECT_LE(fy.rel, down_ring ? (official ? 3e-3 : 1e-6) : 0.0);
+        EXPECT_LE(fa0.rel, official ? 3e-3 : 1e-3);
+        EXPECT_LE(fy0.rel, down_ring ? (official ? 3e-3 : 1e-3) : 0.0);
+        if (down_ring) {  // the shared expert's rows: the same walk
+          EXPECT_EQ(0, std::memcmp(a5.data() + kI, a1.data() + kI, static_cast<size_t>(I) * 4)) << "shared gate/up";
+          EXPECT_EQ(0, std::memcmp(y5h.data() + kd, y1.data() + kd, static_cast<size_t>(d) * 4)) << "shared down";
+        }
+        for (float v : a5) ASSERT_TRUE(std::isfinite(v));
+        for (float v : y5h) ASSERT_TRUE(std::isfinite(v));
+      }
+    }
     const Stats sa = cmp(part(a1, 0, kI), part(a0, 0, kI)), sy = cmp(part(y1, 0, kd), part(y0, 0, kd));
     std::printf("[op] decode experts MMA (%s) vs FMA walk (%s): gate/up act rel L2 %.3g (K in %d parts), down y rel L2 %.3g%s\n",
                 what.c_str(), official ? "official" : "unrounded", sa.rel, parts, sy.rel, down_ring ? "" : " (down: not a ring launch)");

@@ -49,6 +49,22 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 __device__ __forceinline__ uint32_t e2m1_lo_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
 __device__ __forceinline__ uint32_t e2m1_hi_e4m3(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
 
+// The f16 walk (F16 below, DSV4_EXPERT_F16): E2M1 nibbles i and i + 4 of w (weights 8t + i and 8t + i + 4 of the
+// lane's word t) as one f16x2, value x 2^-14: the nibble's 3 magnitude bits go to the half's bits 9..11 (the low two
+// exponent bits and the top mantissa bit) and its sign to bit 15, so f16's subnormals line up with E2M1's as E4M3's do
+// above. Two shifts and a LOP3 per pair, all integer-pipe work the emulated E4M3 MMA's F2FP unpacks (A and B, ~40 % of
+// the walk's instructions, docs/BENCHMARKS.md session 10) no longer need: the activation is staged as f16 once.
+template <int I>
+__device__ __forceinline__ uint32_t e2m1_pair_f16(uint32_t w) {
+  if constexpr (I == 3) return ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);
+  else return ((w << (9 - 4 * I)) & 0x0E000E00u) | ((w << (12 - 4 * I)) & 0x80008000u);
+}
+__device__ __forceinline__ void mma_f16_16816_acc(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -88,6 +104,37 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
   }
 }
 
+// QA8 of x[0, len) as f16 values of the E4M3 codes (exact) for the f16 walk, in its MMA order: per 8 columns
+// 0, 4, 1, 5, 2, 6, 3, 7 (the k order of the two m16n8k16 MMAs a lane's word feeds, see mma_walk), so lane t reads its
+// chunk's 8 values with one 16-byte load; scales[b] as stage_x_e4m3's. All threads of the block.
+__device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_t len, __half* codes, float* scales) {
+  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x + b * 128) + lane);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;  // stage_x's arithmetic
+    auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
+    const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+    const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(e01, __NV_E4M3), h23 = __nv_cvt_fp8x2_to_halfraw2(e23, __NV_E4M3);
+    // This lane: columns 4 (lane & 1) + 0..3 of its 8-column group; the partner lane (lane ^ 1) the other four.
+    const uint32_t mine01 = static_cast<uint32_t>(h01.x) | (static_cast<uint32_t>(h01.y) << 16);
+    const uint32_t mine23 = static_cast<uint32_t>(h23.x) | (static_cast<uint32_t>(h23.y) << 16);
+    const uint32_t o01 = __shfl_xor_sync(0xffffffffu, mine01, 1), o23 = __shfl_xor_sync(0xffffffffu, mine23, 1);
+    // Each f16x2 written pairs column c of the even lane with column c of the odd lane: the even lane writes
+    // positions 0..3 = (0, 4), (1, 5), the odd lane positions 4..7 = (2, 6), (3, 7).
+    const bool odd = lane & 1;
+    uint32_t w0, w1;
+    if (!odd) {
+      w0 = (mine01 & 0xFFFFu) | (o01 << 16), w1 = (mine01 >> 16) | (o01 & 0xFFFF0000u);
+    } else {
+      w0 = (o23 & 0xFFFFu) | (mine23 << 16), w1 = (o23 >> 16) | (mine23 & 0xFFFF0000u);
+    }
+    *reinterpret_cast<uint2*>(codes + b * 128 + (lane >> 1) * 8 + (odd ? 4 : 0)) = make_uint2(w0, w1);
+    if (lane == 0) scales[b] = s;
+  }
+}
+
 // The walk of one warp: tiles gw, gw + nw, ... of ntiles (16-row tiles), K columns each. W8 (the shared expert; DSV4_SHARED_MMA=0: not used):
 // FP8 E4M3 weights with fp32 128x128 block scales (the shared expert): no conversion, ldmatrix words go straight into
 // the MMA (k = 4t.. of chunk 2m, 4t+16.. of chunk 2m+1: the activation codes in natural order, stage_x_e4m3<true>),
@@ -106,14 +153,21 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
 // TILED (the routed MXFP4 walk only): rows_of(t) instead returns tile t's tile-major copy (expert_tiles.h: block
 // (t, 0); the blocks of its steps follow one another), and a step's 1,088 bytes -- already in the slot's layout --
 // are copied with 2-3 coalesced 16-byte copies per lane instead of the 16 rows' pieces and scale words.
-template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, bool TILED, typename RowsOf, typename XCode, typename XScale,
-          typename Flush, typename Stage>
+// F16 (the routed MXFP4 walk only; DSV4_EXPERT_F16, default): each 32-column chunk as two f16 m16n8k16 MMAs --
+// nibbles i and i + 4 of the lane's words in A (e2m1_pair_f16), the activation staged by stage_x_f16p (xcode(t) then
+// points at f16 values) -- instead of one emulated E4M3 m16n8k32: the same products (E2M1 x 2^-14 and the QA8 codes
+// are exact in f16), the even nibbles in the first MMA and the odd ones in the second (the E4M3 MMA's two k halves),
+// each chunk's sum scaled by 2^14 x the two power-of-two scales. The same function up to the tensor core's order
+// inside an MMA (the op test compares it with the E4M3 walk).
+template <bool WAIT_AFTER_PROLOGUE, int CPS, bool W8, bool TILED, bool F16 = false, typename RowsOf, typename XCode,
+          typename XScale, typename Flush, typename Stage>
 __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles, int64_t K, uint8_t* ring,
                                          RowsOf rows_of, XCode xcode, XScale xscale, Flush flush, Stage stage,
                                          int parts = 1, int part = 0, int group = 0, int bar0 = 1, bool sync = true) {
   using M = MmaCfg<CPS>;
   static_assert(!W8 || CPS == 8, "the FP8 walk takes 128 columns (8 chunks) per step");
   static_assert(!TILED || (CPS == 4 && !W8 && M::Step == kTileStepBytes), "tile-major blocks are the MXFP4 slot");
+  static_assert(!F16 || (CPS == 4 && !W8), "the f16 walk is the routed MXFP4 walk");
   constexpr int kS = M::S, kCols = CPS * (W8 ? 16 : 32);  // columns per step
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t col0 = part * (K / parts);  // this warp's first column
@@ -201,6 +255,31 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
       const float xsf = xst[col0 / 128 + ck];
       acc0 = fmaf(d[0], *reinterpret_cast<const float*>(slot + M::StepW + g * 4) * xsf, acc0);
       acc8 = fmaf(d[2], *reinterpret_cast<const float*>(slot + M::StepW + (g + 8) * 4) * xsf, acc8);
+    } else if constexpr (F16) {
+      // Lane t's 8 staged f16 values of chunk c: 16 bytes at 64 c (stage_x_f16p's order 0, 4, 1, 5, 2, 6, 3, 7).
+      const uint8_t* xc = xct + 2 * (col0 + static_cast<int64_t>(ck) * (32 * CPS)) + t4 * 16;
+      const float* xsc = xst + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
+#pragma unroll
+      for (int p = 0; p < CPS / 2; ++p) {  // chunks 2p and 2p + 1
+        uint32_t w[4];
+        ldmatrix_x4(w, slot + M::piece(lrow, lch + 2 * p));  // rows g, g+8 of both chunks: {c g, c g8, c+1 g, c+1 g8}
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * p + h;
+          const uint32_t wg = w[2 * h], wg8 = w[2 * h + 1];
+          const uint4 xb = *reinterpret_cast<const uint4*>(xc + 64 * c);
+          const uint8_t sgb = slot[M::StepW + g * CPS + c], sg8b = slot[M::StepW + (g + 8) * CPS + c];
+          const float xsf = xsc[c / 4] * 16384.0f;  // with the E2M1 -> f16 factor 2^14
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          // A fragments (m16n8k16): {row g k 2t.., row g+8 k 2t.., row g k 2t+8.., row g+8 k 2t+8..}.
+          mma_f16_16816_acc(d, e2m1_pair_f16<0>(wg), e2m1_pair_f16<0>(wg8), e2m1_pair_f16<2>(wg), e2m1_pair_f16<2>(wg8),
+                            xb.x, xb.z);
+          mma_f16_16816_acc(d, e2m1_pair_f16<1>(wg), e2m1_pair_f16<1>(wg8), e2m1_pair_f16<3>(wg), e2m1_pair_f16<3>(wg8),
+                            xb.y, xb.w);
+          acc0 = fmaf(d[0], e8m0_dev(sgb) * xsf, acc0);
+          acc8 = fmaf(d[2], e8m0_dev(sg8b) * xsf, acc8);
+        }
+      }
     } else {
       const uint8_t* xc = xct + col0 + static_cast<int64_t>(ck) * (32 * CPS) + t4 * 8;
       const float* xsc = xst + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);

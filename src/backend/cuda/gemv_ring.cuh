@@ -212,9 +212,13 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // kernel without its FMA walks, which those launches never reach -- 76-78 KB of SASS instead of 189-217 KB and
 // 104-108 registers instead of 124-125 (ptxas): ncu sampled 18 % of the full kernel's warp stalls waiting for
 // instructions (docs/BENCHMARKS.md, session 12). Same code on the paths it keeps: the same bits.
-template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false>
+// F16R (MMA_ONLY launches only; DSV4_EXPERT_F16, default): the routed MXFP4 walk on f16 MMAs (mma_walk F16) with its
+// activation staged as f16 (stage_x_f16p; 2 bytes per column where the E4M3 codes took 1, inside the same fp32-sized
+// region), the shared expert's walk unchanged.
+template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false, bool F16R = false>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
                                                            bool balance) {
+  static_assert(!F16R || MMA_ONLY, "the f16 routed walk is instantiated on the MMA-only kernel");
   if constexpr (MMA_ONLY) {
     if (mma == 0 || (has_sh && mma != 2)) __trap();  // a launch this variant has no walk for: an error, never a wrong result
   }
@@ -229,11 +233,20 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   // expert's (natural order) after the routed rows (xs2, as for the FMA walks).
   float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);
   uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
-  float* xscales = reinterpret_cast<float*>(xcodes + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
+  float* xscales = reinterpret_cast<float*>(xcodes + (F16R ? 2 : 1) * (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
   uint8_t* xc2 = reinterpret_cast<uint8_t*>(xs2);
   float* xsc2 = reinterpret_cast<float*>(xc2 + (GATE_UP ? a.d : a.I));
   auto stage_routed_m = [&] {
-    if (GATE_UP) {
+    if constexpr (F16R) {
+      __half* xh = reinterpret_cast<__half*>(xcodes);
+      if (GATE_UP) {
+        stage_x_f16p(a.x, a.d, xh, xscales);
+      } else {
+        for (int j = 0; j < k; ++j)
+          stage_x_f16p(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xh + static_cast<int64_t>(j) * a.I,
+                       xscales + static_cast<int64_t>(j) * (a.I / 128));
+      }
+    } else if (GATE_UP) {
       stage_x_e4m3(a.x, a.d, xcodes, xscales);
     } else {
       for (int j = 0; j < k; ++j)
@@ -388,8 +401,8 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           sc = static_cast<const uint8_t*>(E.s2) + row * a.sb2;
         }
       };
-      auto xcode = [&](int64_t t) -> const uint8_t* {
-        return GATE_UP ? xcodes : xcodes + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
+      auto xcode = [&](int64_t t) -> const uint8_t* {  // F16R: 2 bytes per staged column
+        return GATE_UP ? xcodes : xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
       };
       auto xscale = [&](int64_t t) -> const float* {
         return GATE_UP ? xscales : xscales + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * (a.I / 128);
@@ -418,11 +431,11 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           const int64_t rt = t - j * per_m;
           return static_cast<const uint8_t*>(GATE_UP ? ex[j].t13 : ex[j].t2) + rt * (K / 128) * kTileStepBytes;
         };
-        mma_walk<!GATE_UP, 4, false, true>(gwm, nwm, nt_m, K, ring, tile_of, xcode, xscale, flush_m, stage_m, parts,
-                                           rw % parts, rw / parts, 5, !(GATE_UP && once));
+        mma_walk<!GATE_UP, 4, false, true, F16R>(gwm, nwm, nt_m, K, ring, tile_of, xcode, xscale, flush_m, stage_m, parts,
+                                                 rw % parts, rw / parts, 5, !(GATE_UP && once));
       } else {
-        mma_walk<!GATE_UP, 4, false, false>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts,
-                                            rw % parts, rw / parts, 5, !(GATE_UP && once));
+        mma_walk<!GATE_UP, 4, false, false, F16R>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts,
+                                                  rw % parts, rw / parts, 5, !(GATE_UP && once));
       }
       if constexpr (!GATE_UP) {
         if (has_sh && once) walk_shared(std::false_type{}, Role2{});

@@ -3862,6 +3862,12 @@ void set_expert_mma_only(bool on) { g_expert_mma_only_on.store(on, std::memory_o
 std::atomic<int64_t> g_mma_only_launches{0};
 int64_t expert_mma_only_launches() { return g_mma_only_launches.load(std::memory_order_relaxed); }
 void set_expert_stage_once(bool on) { g_expert_stage_once_on.store(on, std::memory_order_relaxed); }
+// The MMA-only launches' routed walk on f16 MMAs (mma_walk F16, default; DSV4_EXPERT_F16=0 / set_expert_f16(false):
+// the emulated E4M3 MMAs, A/B): no F2FP unpacks of A and B (expert_mma.cuh).
+std::atomic<bool> g_expert_f16_on{switch_on("DSV4_EXPERT_F16")};
+std::atomic<int64_t> g_f16_launches{0};
+void set_expert_f16(bool on) { g_expert_f16_on.store(on, std::memory_order_relaxed); }
+int64_t expert_f16_launches() { return g_f16_launches.load(std::memory_order_relaxed); }
 // The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
 bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
 // The decode ring launch of expert_gate_up (GATE_UP) / expert_down: one persistent pass over the k selected experts
@@ -3885,8 +3891,14 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
       const bool once = expert_stage_once(mode, hs), bal = g_expert_balance_on.load(std::memory_order_relaxed);
       if (g_expert_mma_only_on.load(std::memory_order_relaxed) && mode != 0 && (mode == 2 || !hs)) {
         g_mma_only_launches.fetch_add(1, std::memory_order_relaxed);
-        allow_smem(expert_ring_kernel<kFP4, GATE_UP, C, true>, sm);
-        launch(expert_ring_kernel<kFP4, GATE_UP, C, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+        if (g_expert_f16_on.load(std::memory_order_relaxed)) {
+          g_f16_launches.fetch_add(1, std::memory_order_relaxed);
+          allow_smem(expert_ring_kernel<kFP4, GATE_UP, C, true, true>, sm);
+          launch(expert_ring_kernel<kFP4, GATE_UP, C, true, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+        } else {
+          allow_smem(expert_ring_kernel<kFP4, GATE_UP, C, true>, sm);
+          launch(expert_ring_kernel<kFP4, GATE_UP, C, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+        }
       } else {
         allow_smem(expert_ring_kernel<kFP4, GATE_UP, C>, sm);
         launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);

@@ -430,6 +430,11 @@ void set_expert_balance(bool on);
 // walks (smaller code, fewer registers; bit-identical). Default on; DSV4_EXPERT_MMA_ONLY=0 / false: off (A/B).
 void set_expert_mma_only(bool on);
 int64_t expert_mma_only_launches();  // launches that took that variant since the process started (tests)
+// That variant's routed MXFP4 walk on f16 MMAs: E2M1 -> f16 by shifts and masks, the activation staged as f16, instead
+// of the emulated E4M3 MMA (whose F2FP unpacks of both operands were ~40 % of the walk's instructions). Default on;
+// DSV4_EXPERT_F16=0 / false: the E4M3 MMAs (A/B). The same function up to the order inside an MMA.
+void set_expert_f16(bool on);
+int64_t expert_f16_launches();  // launches that took it since the process started (tests)
 // The ring kernel's mma argument for a (0: not the MMA walk, 1: the MMA walk, 2: and the shared expert on MMAs).
 int expert_mma_mode_used(const ExpertArgs& a, bool gate_up);
 // Ring launches that took the MMA walk since the process started (captured graph launches count once).

@@ -168,6 +168,7 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
 TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
   auto set_all = [](bool on) {
     cuda::set_attend_store_fuse(on);
+    cuda::set_attend_rows_early(on);
     cuda::set_attn_fork(on);
     cuda::set_attend_derope_fuse(on);
     cuda::set_hc_defer_sinkhorn(on);

@@ -1511,6 +1511,24 @@ void run_attend_store(int kind, int H, int64_t pos0, int ratio) {
         EXPECT_EQ(std::memcmp(got_ring.data(), want_ring.data(), want_ring.size() * sizeof(float)), 0) << what << " rep " << rep;
       }
       if (exec) DSV4_CU(cudaGraphExecDestroy(exec));
+      {
+        // The rows requested before griddepcontrol.wait (AttendArgs::rows_before_wait; the cluster kernel acts on
+        // it, the split kernels ignore it): the same bits, after a kernel that writes the query on the same stream.
+        cu::AttendArgs c = a;
+        c.rows_before_wait = true;
+        DBuf<float> qe(q.size());
+        DSV4_CU(cudaMemcpyAsync(ring_f.p, dring0.p, ring.size() * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        cu::fill_f32(o_f.p, H * D, std::nanf(""), s);
+        cu::fill_f32(qe.p, H * D, std::nanf(""), s);
+        cu::NormRopeArgs cp;  // a PDL predecessor that writes q over the NaNs (a plain copy: no norm, no RoPE)
+        cp.x = dq.p, cp.y = qe.p, cp.rows = H, cp.rows_per_token = H, cp.len = D, cp.do_norm = false;
+        cu::norm_rope(cp, s);
+        c.q = qe.p;
+        cu::attend(c, s);
+        const vector<float> got_o = o_f.get(), got_ring = ring_f.get();
+        EXPECT_EQ(std::memcmp(got_o.data(), want_o.data(), want_o.size() * sizeof(float)), 0) << what << " rows before wait";
+        EXPECT_EQ(std::memcmp(got_ring.data(), want_ring.data(), want_ring.size() * sizeof(float)), 0) << what << " rows before wait";
+      }
       // And with attn_out's inverse RoPE fused too: o bit for bit norm_rope(inverse) of the unfused o.
       {
         const int R = 64;

@@ -35,7 +35,9 @@ template <int CL>
 __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int res) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  pdl_wait();
+  // a.rows_before_wait: the first batch of rows is requested before pdl_wait (every row predates the previous kernel;
+  // only the query comes from it), so their DRAM round trip overlaps that kernel.
+  if (!a.rows_before_wait) pdl_wait();
   extern __shared__ float4 att_cl_smem[];
   float* tile = reinterpret_cast<float*>(att_cl_smem);               // [res][D]; later the partial output [16][D]
   float* P = tile + static_cast<int64_t>(res) * a.D;                 // [16][res]
@@ -64,12 +66,16 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
 
   // 1. Scores of the chunk's rows and its (max, sum exp) per head.
   {
+    if (a.rows_before_wait) {
+      att_issue_tile(a, 0, g, r0, min(res, r1 - r0), tile, rp, valid);
+      pdl_wait();
+    }
     float4 q[2][kAttMaxD / 128];
     att_load_q(a, 0, h0, hn, q);
     for (int b0 = r0; b0 < r1; b0 += res) {
       const int nb = min(res, r1 - b0);
       if (b0 != r0) __syncthreads();  // the previous batch's rows are no longer read
-      att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
+      if (b0 != r0 || !a.rows_before_wait) att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
       att_wait_tile();
       for (int t = 0; t < nb; t += kAttTile)
         att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, a.max_rows, b0 + t);

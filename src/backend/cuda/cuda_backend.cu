@@ -607,6 +607,7 @@ class CudaBackend final : public Backend {
     const QkvNorms nr = qkv_norms(L, tmp, qr, kvraw, kv, q, n, pos0);
     const cuda::NormRopeArgs &a = nr.qlora, &k = nr.kv;
     cuda::NormRopeArgs b = nr.heads;
+    qkv_q_ = n == 1 ? q : nullptr, qkv_kv_ = n == 1 ? kv : nullptr;  // attend(): rows_before_wait
     part.reset();
     part.emplace(this, "attn_qkv/norms", true);
     cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
@@ -727,6 +728,8 @@ class CudaBackend final : public Backend {
 
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
+    // The compressor / indexer ops since attn_qkv ran on the side branches joined here (not on s_ right before).
+    const bool side_rows = attn_side_open_;
     join_attn_side();
     OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
@@ -752,6 +755,13 @@ class CudaBackend final : public Backend {
     // norm_rope launch attn_out then skips.
     const bool derope = cuda::attend_derope_fuse_enabled() && cuda::attend_derope_fusable(a);
     if (derope) a.derope_inv_freq = L.inv_freq, a.derope_dim = static_cast<int>(c_.rope_dim);
+    // One token: the ring holds earlier steps' rows, kv is attn_qkv's (kernels before the query RoPE), and a
+    // compressed layer's entries and top-k come from the joined branches, so the rows may be requested before the
+    // wait on the query's kernel.
+    // (Only for the q and kv this sub-layer's attn_qkv produced, its last kernels.)
+    a.rows_before_wait = n == 1 && cuda::attend_rows_early_enabled() && q == qkv_q_ && kv == qkv_kv_ &&
+                         (a.kind == 0 || side_rows);
+    qkv_q_ = qkv_kv_ = nullptr;
     cuda::attend(a, s_);
     if (fuse_store) stored_rows_.push_back(StoredRow{S.ring, kv, pos0});
     if (derope) deroped_.push_back(Deroped{layer, o, pos0});
@@ -1502,6 +1512,7 @@ class CudaBackend final : public Backend {
   cudaStream_t attn_side_[3] = {};
   cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr, idx_done_ev_ = nullptr;
   bool attn_side_open_ = false;
+  const float *qkv_q_ = nullptr, *qkv_kv_ = nullptr;  // the last single-token attn_qkv's outputs (see attend())
   // The fork point's generation (one per attn_qkv that forks) and the one branch i last waited on (-1: it has not
   // joined since the last join, so attend() need not wait for it).
   int64_t attn_fork_gen_ = 0, attn_wait_gen_[3] = {-1, -1, -1};

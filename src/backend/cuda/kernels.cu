@@ -3589,6 +3589,11 @@ void set_attend_derope_fuse(bool on) { g_attend_derope_fuse_on.store(on, std::me
 bool attend_derope_fuse_enabled() { return g_attend_derope_fuse_on.load(std::memory_order_relaxed); }
 void set_attend_store_fuse(bool on) { g_attend_store_fuse_on.store(on, std::memory_order_relaxed); }
 bool attend_store_fuse_enabled() { return g_attend_store_fuse_on.load(std::memory_order_relaxed); }
+// Single-token attention requests its KV rows before griddepcontrol.wait where the caller says they predate the
+// previous kernel (AttendArgs::rows_before_wait); DSV4_ATTEND_ROWS_EARLY=0 / false: after it (A/B).
+std::atomic<bool> g_attend_rows_early_on{switch_on("DSV4_ATTEND_ROWS_EARLY")};
+bool attend_rows_early_enabled() { return g_attend_rows_early_on.load(std::memory_order_relaxed); }
+void set_attend_rows_early(bool on) { g_attend_rows_early_on.store(on, std::memory_order_relaxed); }
 
 // The vectorised expert kernels need whole 16-byte chunks per row (expert matrices are separate cudaMalloc buffers,
 // so row starts are then 16-byte aligned) and a 16-byte aligned activation (x for gate/up, act_q for down).

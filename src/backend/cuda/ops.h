@@ -304,8 +304,15 @@ struct AttendArgs {
   // epilogue, bit for bit (attend_derope_fusable says whether a's path can).
   const float* derope_inv_freq = nullptr;
   int derope_dim = 0;
+  // Every KV row (window ring, this token's kv, compressed entries, top-k) was written before the kernel that precedes
+  // the attention in its stream started (a sliding-window layer; or the compressor / indexer ran on a joined side
+  // branch): the single-token cluster kernel then requests its rows before griddepcontrol.wait, only the query after
+  // it (DSV4_ATTEND_ROWS_EARLY=0: off). The caller's promise; the same values either way.
+  bool rows_before_wait = false;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
+bool attend_rows_early_enabled();
+void set_attend_rows_early(bool on);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core
 // kernels (attend_tc.cuh), whose exactness needs q and the KV rows to be BF16 values (official numerics makes them so).
 bool attend_uses_tc(const AttendArgs& a);

@@ -255,33 +255,10 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
       const float xsf = xst[col0 / 128 + ck];
       acc0 = fmaf(d[0], *reinterpret_cast<const float*>(slot + M::StepW + g * 4) * xsf, acc0);
       acc8 = fmaf(d[2], *reinterpret_cast<const float*>(slot + M::StepW + (g + 8) * 4) * xsf, acc8);
-    } else if constexpr (F16) {
-      // Lane t's 8 staged f16 values of chunk c: 16 bytes at 64 c (stage_x_f16p's order 0, 4, 1, 5, 2, 6, 3, 7).
-      const uint8_t* xc = xct + 2 * (col0 + static_cast<int64_t>(ck) * (32 * CPS)) + t4 * 16;
-      const float* xsc = xst + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
-#pragma unroll
-      for (int p = 0; p < CPS / 2; ++p) {  // chunks 2p and 2p + 1
-        uint32_t w[4];
-        ldmatrix_x4(w, slot + M::piece(lrow, lch + 2 * p));  // rows g, g+8 of both chunks: {c g, c g8, c+1 g, c+1 g8}
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * p + h;
-          const uint32_t wg = w[2 * h], wg8 = w[2 * h + 1];
-          const uint4 xb = *reinterpret_cast<const uint4*>(xc + 64 * c);
-          const uint8_t sgb = slot[M::StepW + g * CPS + c], sg8b = slot[M::StepW + (g + 8) * CPS + c];
-          const float xsf = xsc[c / 4] * 16384.0f;  // with the E2M1 -> f16 factor 2^14
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          // A fragments (m16n8k16): {row g k 2t.., row g+8 k 2t.., row g k 2t+8.., row g+8 k 2t+8..}.
-          mma_f16_16816_acc(d, e2m1_pair_f16<0>(wg), e2m1_pair_f16<0>(wg8), e2m1_pair_f16<2>(wg), e2m1_pair_f16<2>(wg8),
-                            xb.x, xb.z);
-          mma_f16_16816_acc(d, e2m1_pair_f16<1>(wg), e2m1_pair_f16<1>(wg8), e2m1_pair_f16<3>(wg), e2m1_pair_f16<3>(wg8),
-                            xb.y, xb.w);
-          acc0 = fmaf(d[0], e8m0_dev(sgb) * xsf, acc0);
-          acc8 = fmaf(d[2], e8m0_dev(sg8b) * xsf, acc8);
-        }
-      }
     } else {
-      const uint8_t* xc = xct + col0 + static_cast<int64_t>(ck) * (32 * CPS) + t4 * 8;
+      // F16: lane t's 8 staged f16 values of chunk c are 16 bytes at 64 c (stage_x_f16p's order 0, 4, 1, 5, 2, 6, 3,
+      // 7); E4M3: its 8 codes, 8 bytes at 32 c.
+      const uint8_t* xc = xct + (F16 ? 2 : 1) * (col0 + static_cast<int64_t>(ck) * (32 * CPS)) + t4 * (F16 ? 16 : 8);
       const float* xsc = xst + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
 #pragma unroll
       for (int p = 0; p < CPS / 2; ++p) {  // chunks 2p and 2p + 1
@@ -291,11 +268,25 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
         for (int h = 0; h < 2; ++h) {
           const int c = 2 * p + h;
           const uint32_t wg = w[2 * h], wg8 = w[2 * h + 1];
-          const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * c);
+          uint4 xb4;
+          uint2 xb2;
+          if constexpr (F16) xb4 = *reinterpret_cast<const uint4*>(xc + 64 * c);
+          else xb2 = *reinterpret_cast<const uint2*>(xc + 32 * c);
           const uint8_t sgb = slot[M::StepW + g * CPS + c], sg8b = slot[M::StepW + (g + 8) * CPS + c];
-          const float xsf = xsc[c / 4] * 64.0f;  // with the E2M1 -> E4M3 factor 2^6
+          // With the E2M1 -> f16 factor 2^14, or the E2M1 -> E4M3 factor 2^6.
+          const float xsf = xsc[c / 4] * (F16 ? 16384.0f : 64.0f);
           float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_e4m3_16832(d, e2m1_lo_e4m3(wg), e2m1_lo_e4m3(wg8), e2m1_hi_e4m3(wg), e2m1_hi_e4m3(wg8), xb.x, xb.y);
+          if constexpr (F16) {
+            const uint4 xb = xb4;
+            // A fragments (m16n8k16): {row g k 2t.., row g+8 k 2t.., row g k 2t+8.., row g+8 k 2t+8..}.
+            mma_f16_16816_acc(d, e2m1_pair_f16<0>(wg), e2m1_pair_f16<0>(wg8), e2m1_pair_f16<2>(wg), e2m1_pair_f16<2>(wg8),
+                              xb.x, xb.z);
+            mma_f16_16816_acc(d, e2m1_pair_f16<1>(wg), e2m1_pair_f16<1>(wg8), e2m1_pair_f16<3>(wg), e2m1_pair_f16<3>(wg8),
+                              xb.y, xb.w);
+          } else {
+            const uint2 xb = xb2;
+            mma_e4m3_16832(d, e2m1_lo_e4m3(wg), e2m1_lo_e4m3(wg8), e2m1_hi_e4m3(wg), e2m1_hi_e4m3(wg8), xb.x, xb.y);
+          }
           acc0 = fmaf(d[0], e8m0_dev(sgb) * xsf, acc0);
           acc8 = fmaf(d[2], e8m0_dev(sg8b) * xsf, acc8);
         }

@@ -75,6 +75,19 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
 }
+// One warp's QA8 of the 128-block at x (len 128): lane l's columns 4 l .. 4 l + 3 as two E4M3 pairs (e01, e23) and the
+// block's power-of-two scale s -- stage_x's arithmetic, shared by the stagings below.
+__device__ __forceinline__ void qa8_e4m3_lane(const float* __restrict__ x, __nv_fp8x2_storage_t& e01,
+                                              __nv_fp8x2_storage_t& e23, float& s) {
+  const int lane = threadIdx.x & 31;
+  const float4 v = __ldg(reinterpret_cast<const float4*>(x) + lane);
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+  const float inv = 1.0f / s;
+  auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
+  e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
+  e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+}
 // QA8 of x[0, len) (len % 128 == 0) as E4M3 codes in the MMA order (see above) and each 128-block's power-of-two
 // scale: codes[b * 128 + ...], scales[b]; q * scale is exactly stage_x's QA8 value. All threads of the block.
 // NAT (the FP8 walk): the codes in their natural column order instead.
@@ -82,12 +95,9 @@ template <bool NAT = false>
 __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_t len, uint8_t* codes, float* scales) {
   const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(x + b * 128) + lane);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;  // stage_x's arithmetic
-    auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
-    const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
-    const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+    __nv_fp8x2_storage_t e01, e23;
+    float s;
+    qa8_e4m3_lane(x + b * 128, e01, e23, s);
     if constexpr (NAT) {
       *reinterpret_cast<uint32_t*>(codes + b * 128 + lane * 4) = static_cast<uint32_t>(e01) | (static_cast<uint32_t>(e23) << 16);
       if (lane == 0) scales[b] = s;
@@ -110,12 +120,9 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
 __device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_t len, __half* codes, float* scales) {
   const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(x + b * 128) + lane);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f), inv = 1.0f / s;  // stage_x's arithmetic
-    auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
-    const __nv_fp8x2_storage_t e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
-    const __nv_fp8x2_storage_t e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+    __nv_fp8x2_storage_t e01, e23;
+    float s;
+    qa8_e4m3_lane(x + b * 128, e01, e23, s);
     const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(e01, __NV_E4M3), h23 = __nv_cvt_fp8x2_to_halfraw2(e23, __NV_E4M3);
     // This lane: columns 4 (lane & 1) + 0..3 of its 8-column group; the partner lane (lane ^ 1) the other four.
     const uint32_t mine01 = static_cast<uint32_t>(h01.x) | (static_cast<uint32_t>(h01.y) << 16);

@@ -172,6 +172,7 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_attn_fork(on);
     cuda::set_attend_derope_fuse(on);
     cuda::set_hc_defer_sinkhorn(on);
+    cuda::set_expert_stage_batch(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;

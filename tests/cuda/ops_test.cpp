@@ -1130,6 +1130,18 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
         b.act = act5.p, c.act = act5.p, c.y = y5.p;
         cu::expert_gate_up(b, nullptr);
         cu::expert_down(c, nullptr);
+        {
+          // The once-staged inputs as one batched pass (set_expert_stage_batch, the default) vs the per-row stagings.
+          cu::set_expert_stage_batch(false);
+          DBuf<float> act6(static_cast<size_t>((k + 1) * I)), y6(static_cast<size_t>((k + 1) * d));
+          cu::ExpertArgs b6 = b, c6 = c;
+          b6.act = act6.p, c6.act = act6.p, c6.y = y6.p;
+          cu::expert_gate_up(b6, nullptr);
+          cu::expert_down(c6, nullptr);
+          cu::set_expert_stage_batch(true);
+          EXPECT_EQ(0, std::memcmp(act6.get().data(), act5.get().data(), act5.n * 4)) << "gate/up: batched vs per-row staging";
+          EXPECT_EQ(0, std::memcmp(y6.get().data(), y5.get().data(), y5.n * 4)) << "down: batched vs per-row staging";
+        }
         cu::set_expert_f16(false);
         const bool only = shared || !down_ring;  // "shared FMA" with a fused shared expert takes the full kernel
         EXPECT_GE(cu::expert_f16_launches() - f0, only ? (down_ring ? 2 : 1) : 0) << "the f16 walk ran";

@@ -77,16 +77,27 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
 }
 // One warp's QA8 of the 128-block at x (len 128): lane l's columns 4 l .. 4 l + 3 as two E4M3 pairs (e01, e23) and the
 // block's power-of-two scale s -- stage_x's arithmetic, shared by the stagings below.
-__device__ __forceinline__ void qa8_e4m3_lane(const float* __restrict__ x, __nv_fp8x2_storage_t& e01,
-                                              __nv_fp8x2_storage_t& e23, float& s) {
-  const int lane = threadIdx.x & 31;
-  const float4 v = __ldg(reinterpret_cast<const float4*>(x) + lane);
+// qa8_e4m3_v: the same from the lane's four values v, already loaded (stage_expert_blocks keeps several loads in flight).
+__device__ __forceinline__ void qa8_e4m3_v(const float4 v, __nv_fp8x2_storage_t& e01, __nv_fp8x2_storage_t& e23, float& s) {
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
   const float inv = 1.0f / s;
   auto q = [inv](float a) { return fminf(fmaxf(a * inv, -448.0f), 448.0f); };
   e01 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.x), q(v.y)), __NV_SATFINITE, __NV_E4M3);
   e23 = __nv_cvt_float2_to_fp8x2(make_float2(q(v.z), q(v.w)), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ void qa8_e4m3_lane(const float* __restrict__ x, __nv_fp8x2_storage_t& e01,
+                                              __nv_fp8x2_storage_t& e23, float& s) {
+  const int lane = threadIdx.x & 31;
+  qa8_e4m3_v(__ldg(reinterpret_cast<const float4*>(x) + lane), e01, e23, s);
+}
+// One warp's QA8 result of a 128-block written as natural-order E4M3 codes (codes: the block's 128 bytes) and its
+// scale (stage_x_e4m3<true>), or in the f16 walk's MMA order (put_f16p: the block's 128 halves; stage_x_f16p).
+__device__ __forceinline__ void put_e4m3_nat(__nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s, uint8_t* codes,
+                                             float* scale) {
+  const int lane = threadIdx.x & 31;
+  *reinterpret_cast<uint32_t*>(codes + lane * 4) = static_cast<uint32_t>(e01) | (static_cast<uint32_t>(e23) << 16);
+  if (lane == 0) *scale = s;
 }
 // QA8 of x[0, len) (len % 128 == 0) as E4M3 codes in the MMA order (see above) and each 128-block's power-of-two
 // scale: codes[b * 128 + ...], scales[b]; q * scale is exactly stage_x's QA8 value. All threads of the block.
@@ -99,8 +110,7 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
     float s;
     qa8_e4m3_lane(x + b * 128, e01, e23, s);
     if constexpr (NAT) {
-      *reinterpret_cast<uint32_t*>(codes + b * 128 + lane * 4) = static_cast<uint32_t>(e01) | (static_cast<uint32_t>(e23) << 16);
-      if (lane == 0) scales[b] = s;
+      put_e4m3_nat(e01, e23, s, codes + b * 128, scales + b);
       continue;
     }
     // Columns 4 lane .. 4 lane + 3 = positions j0..j0+3 of an 8-column group (j0 = 0 or 4): evens go to the group's
@@ -117,28 +127,61 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
 // QA8 of x[0, len) as f16 values of the E4M3 codes (exact) for the f16 walk, in its MMA order: per 8 columns
 // 0, 4, 1, 5, 2, 6, 3, 7 (the k order of the two m16n8k16 MMAs a lane's word feeds, see mma_walk), so lane t reads its
 // chunk's 8 values with one 16-byte load; scales[b] as stage_x_e4m3's. All threads of the block.
+__device__ __forceinline__ void put_f16p(__nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s, __half* codes,
+                                         float* scale) {
+  const int lane = threadIdx.x & 31;
+  const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(e01, __NV_E4M3), h23 = __nv_cvt_fp8x2_to_halfraw2(e23, __NV_E4M3);
+  // This lane: columns 4 (lane & 1) + 0..3 of its 8-column group; the partner lane (lane ^ 1) the other four.
+  const uint32_t mine01 = static_cast<uint32_t>(h01.x) | (static_cast<uint32_t>(h01.y) << 16);
+  const uint32_t mine23 = static_cast<uint32_t>(h23.x) | (static_cast<uint32_t>(h23.y) << 16);
+  const uint32_t o01 = __shfl_xor_sync(0xffffffffu, mine01, 1), o23 = __shfl_xor_sync(0xffffffffu, mine23, 1);
+  // Each f16x2 written pairs column c of the even lane with column c of the odd lane: the even lane writes
+  // positions 0..3 = (0, 4), (1, 5), the odd lane positions 4..7 = (2, 6), (3, 7).
+  const bool odd = lane & 1;
+  uint32_t w0, w1;
+  if (!odd) {
+    w0 = (mine01 & 0xFFFFu) | (o01 << 16), w1 = (mine01 >> 16) | (o01 & 0xFFFF0000u);
+  } else {
+    w0 = (o23 & 0xFFFFu) | (mine23 << 16), w1 = (o23 >> 16) | (mine23 & 0xFFFF0000u);
+  }
+  *reinterpret_cast<uint2*>(codes + (lane >> 1) * 8 + (odd ? 4 : 0)) = make_uint2(w0, w1);
+  if (lane == 0) *scale = s;
+}
 __device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_t len, __half* codes, float* scales) {
-  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const int nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
     __nv_fp8x2_storage_t e01, e23;
     float s;
     qa8_e4m3_lane(x + b * 128, e01, e23, s);
-    const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(e01, __NV_E4M3), h23 = __nv_cvt_fp8x2_to_halfraw2(e23, __NV_E4M3);
-    // This lane: columns 4 (lane & 1) + 0..3 of its 8-column group; the partner lane (lane ^ 1) the other four.
-    const uint32_t mine01 = static_cast<uint32_t>(h01.x) | (static_cast<uint32_t>(h01.y) << 16);
-    const uint32_t mine23 = static_cast<uint32_t>(h23.x) | (static_cast<uint32_t>(h23.y) << 16);
-    const uint32_t o01 = __shfl_xor_sync(0xffffffffu, mine01, 1), o23 = __shfl_xor_sync(0xffffffffu, mine23, 1);
-    // Each f16x2 written pairs column c of the even lane with column c of the odd lane: the even lane writes
-    // positions 0..3 = (0, 4), (1, 5), the odd lane positions 4..7 = (2, 6), (3, 7).
-    const bool odd = lane & 1;
-    uint32_t w0, w1;
-    if (!odd) {
-      w0 = (mine01 & 0xFFFFu) | (o01 << 16), w1 = (mine01 >> 16) | (o01 & 0xFFFF0000u);
-    } else {
-      w0 = (o23 & 0xFFFFu) | (mine23 << 16), w1 = (o23 >> 16) | (mine23 & 0xFFFF0000u);
+    put_f16p(e01, e23, s, codes + b * 128, scales + b);
+  }
+}
+// The decode expert launches' stagings as one pass (expert_ring_kernel's batch): `count` 128-blocks, block i read
+// from src(i) (128 floats) and written by put(i, e01, e23, s); warp w takes blocks w, w + warps, ... and requests up
+// to kStageBatch of them before quantizing any, so their L2 round trips overlap (the per-row stagings above wait out
+// one round trip per block: ~7 in a row per warp in down's, before its first MMA). Each block's QA8 is the same
+// arithmetic whichever warp does it: the same bits as the stagings above.
+constexpr int kStageBatch = 8;
+template <typename Src, typename Put>
+__device__ __forceinline__ void stage_expert_blocks(int count, Src src, Put put) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int base = warp; base < count; base += kStageBatch * nw) {
+    float4 v[kStageBatch];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + u * nw;
+      if (i < count) v[u] = __ldg(reinterpret_cast<const float4*>(src(i)) + lane);
     }
-    *reinterpret_cast<uint2*>(codes + b * 128 + (lane >> 1) * 8 + (odd ? 4 : 0)) = make_uint2(w0, w1);
-    if (lane == 0) scales[b] = s;
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + u * nw;
+      if (i < count) {
+        __nv_fp8x2_storage_t e01, e23;
+        float s;
+        qa8_e4m3_v(v[u], e01, e23, s);
+        put(i, e01, e23, s);
+      }
+    }
   }
 }
 

@@ -217,7 +217,7 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // region), the shared expert's walk unchanged.
 template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false, bool F16R = false>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
-                                                           bool balance) {
+                                                           bool balance, bool batch) {
   static_assert(!F16R || MMA_ONLY, "the f16 routed walk is instantiated on the MMA-only kernel");
   if constexpr (MMA_ONLY) {
     if (mma == 0 || (has_sh && mma != 2)) __trap();  // a launch this variant has no walk for: an error, never a wrong result
@@ -257,6 +257,29 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   auto stage_shared_m = [&] {
     if (GATE_UP) stage_x_e4m3<true>(a.x, a.d, xc2, xsc2);
     else stage_x_e4m3<true>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xc2, xsc2);
+  };
+  // batch (F16R with once; expert_stage_batch): stage_routed_m and stage_shared_m as one stage_expert_blocks pass, so
+  // a warp's blocks are requested together -- gate/up: each 128-block of x read once for both layouts; down: the k
+  // routed act rows' blocks, then the shared row's. The same bits.
+  auto stage_both_batched = [&] {
+    if constexpr (F16R) {
+      __half* xh = reinterpret_cast<__half*>(xcodes);
+      if (GATE_UP) {
+        stage_expert_blocks(static_cast<int>(a.d / 128), [&](int i) { return a.x + static_cast<int64_t>(i) * 128; },
+                            [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
+                              put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
+                              put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(i) * 128, xsc2 + i);
+                            });
+      } else {
+        const int KB = static_cast<int>(a.I / 128);
+        stage_expert_blocks((k + 1) * KB, [&](int i) { return a.act_q + static_cast<int64_t>(i) * 128; },
+                            [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
+                              const int j = i / KB, b = i - j * KB;
+                              if (j < k) put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
+                              else put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(b) * 128, xsc2 + b);
+                            });
+      }
+    }
   };
   auto load_selection = [&] {  // one token: slots 0..k-1, read through L2 (__ldcg), past any older L1 line
     if (threadIdx.x < k) ex[threadIdx.x] = a.table[__ldcg(a.sel + threadIdx.x)];
@@ -337,7 +360,14 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       mma_walk<PRE, 8, true, false>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
                              [&](int64_t) -> const uint8_t* { return xc2; }, [&](int64_t) -> const float* { return xsc2; },
                              flush2_m, [&] {
-                               if constexpr (ROLE == 1) stage_routed_m(), load_selection();
+                               if constexpr (ROLE == 1) {
+                                 if (batch) {
+                                   load_selection();
+                                   stage_both_batched();
+                                   return;
+                                 }
+                                 stage_routed_m(), load_selection();
+                               }
                                if constexpr (ROLE != 2) stage_shared_m();
                              }, 4, warp % 4, warp / 4, 1, ROLE != 2);
       return;
@@ -358,6 +388,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   using Role1 = std::integral_constant<int, 1>;
   using Role2 = std::integral_constant<int, 2>;
   once = once && F == kFP4 && mma == 2 && has_sh;  // the launcher sets it only there; the kernel relies on it
+  batch = batch && once && F16R;
   if constexpr (GATE_UP) {
     if (has_sh && once) walk_shared(std::true_type{}, Role1{});  // stages both inputs and reads the selection
     else if (has_sh) walk_shared(std::true_type{}, Role0{});
@@ -422,6 +453,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // once: gate/up's shared walk staged this input (and published it with its barrier); down's walk stages the
       // shared walk's input too.
       auto stage_m = [&] {
+        if (!GATE_UP && batch) return stage_both_batched();
         if (!(GATE_UP && once)) stage_routed_m();
         if (!GATE_UP && once) stage_shared_m();
       };

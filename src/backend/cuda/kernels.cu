@@ -3873,6 +3873,10 @@ std::atomic<bool> g_expert_f16_on{switch_on("DSV4_EXPERT_F16")};
 std::atomic<int64_t> g_f16_launches{0};
 void set_expert_f16(bool on) { g_expert_f16_on.store(on, std::memory_order_relaxed); }
 int64_t expert_f16_launches() { return g_f16_launches.load(std::memory_order_relaxed); }
+// The kernel's batch argument (DSV4_EXPERT_STAGE_BATCH, default on; set_expert_stage_batch(false): off): the once-staged
+// inputs of the f16 walk's launches as one pass with each warp's blocks requested together (stage_expert_blocks).
+std::atomic<bool> g_expert_stage_batch_on{switch_on("DSV4_EXPERT_STAGE_BATCH")};
+void set_expert_stage_batch(bool on) { g_expert_stage_batch_on.store(on, std::memory_order_relaxed); }
 // The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
 bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
 // The decode ring launch of expert_gate_up (GATE_UP) / expert_down: one persistent pass over the k selected experts
@@ -3888,25 +3892,26 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
   switch (fmt_of(a.fmt)) {
     case kFP8:
       allow_smem(expert_ring_kernel<kFP8, GATE_UP, C>, sm);
-      launch(expert_ring_kernel<kFP8, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false, false);
+      launch(expert_ring_kernel<kFP8, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, 0, 1, false, false, false);
       break;
     case kFP4: {
       const int mode = expert_mma_launch_mode(a, GATE_UP);
       const int parts = expert_mma_parts(a, GATE_UP);
       const bool once = expert_stage_once(mode, hs), bal = g_expert_balance_on.load(std::memory_order_relaxed);
+      const bool batch = once && g_expert_stage_batch_on.load(std::memory_order_relaxed);
       if (g_expert_mma_only_on.load(std::memory_order_relaxed) && mode != 0 && (mode == 2 || !hs)) {
         g_mma_only_launches.fetch_add(1, std::memory_order_relaxed);
         if (g_expert_f16_on.load(std::memory_order_relaxed)) {
           g_f16_launches.fetch_add(1, std::memory_order_relaxed);
           allow_smem(expert_ring_kernel<kFP4, GATE_UP, C, true, true>, sm);
-          launch(expert_ring_kernel<kFP4, GATE_UP, C, true, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+          launch(expert_ring_kernel<kFP4, GATE_UP, C, true, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal, batch);
         } else {
           allow_smem(expert_ring_kernel<kFP4, GATE_UP, C, true>, sm);
-          launch(expert_ring_kernel<kFP4, GATE_UP, C, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+          launch(expert_ring_kernel<kFP4, GATE_UP, C, true>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal, batch);
         }
       } else {
         allow_smem(expert_ring_kernel<kFP4, GATE_UP, C>, sm);
-        launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal);
+        launch(expert_ring_kernel<kFP4, GATE_UP, C>, grid, C::T, sm, s, a, blk, sh, hs, mode, parts, once, bal, batch);
       }
       break;
     }

@@ -455,6 +455,10 @@ void set_expert_ksplit(bool on);
 // walk (default; bit-identical: the same staging, fewer block barriers: gate/up 1 instead of 3, down 2 instead of 3). set_expert_stage_once(false)
 // / DSV4_EXPERT_STAGE_ONCE=0: each walk stages its own (A/B, and the op test's bit-identity check).
 void set_expert_stage_once(bool on);
+// ... and, on the f16 walk, as one pass in which each warp requests its 128-blocks together before quantizing them
+// (default; DSV4_EXPERT_STAGE_BATCH=0 / set_expert_stage_batch(false): the per-row stagings, one L2 round trip per
+// block). The same bits.
+void set_expert_stage_batch(bool on);
 // Grouped prefill through expert_tc2 (MXFP4, exact BF16 activations, xg set); DSV4_MOE_TC2=0 or set_moe_tc2(false):
 // the v1 kernels.
 bool expert_tc2_eligible(const ExpertArgs& a, bool gate_up);

@@ -77,7 +77,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
 }
 // One warp's QA8 of the 128-block at x (len 128): lane l's columns 4 l .. 4 l + 3 as two E4M3 pairs (e01, e23) and the
 // block's power-of-two scale s -- stage_x's arithmetic, shared by the stagings below.
-// qa8_e4m3_v: the same from the lane's four values v, already loaded (stage_expert_blocks keeps several loads in flight).
+// qa8_e4m3_v: the same from the lane's four values v, already loaded (stage_qa8_blocks keeps several loads in flight).
 __device__ __forceinline__ void qa8_e4m3_v(const float4 v, __nv_fp8x2_storage_t& e01, __nv_fp8x2_storage_t& e23, float& s) {
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
@@ -124,9 +124,6 @@ __device__ __forceinline__ void stage_x_e4m3(const float* __restrict__ x, int64_
   }
 }
 
-// QA8 of x[0, len) as f16 values of the E4M3 codes (exact) for the f16 walk, in its MMA order: per 8 columns
-// 0, 4, 1, 5, 2, 6, 3, 7 (the k order of the two m16n8k16 MMAs a lane's word feeds, see mma_walk), so lane t reads its
-// chunk's 8 values with one 16-byte load; scales[b] as stage_x_e4m3's. All threads of the block.
 __device__ __forceinline__ void put_f16p(__nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s, __half* codes,
                                          float* scale) {
   const int lane = threadIdx.x & 31;
@@ -147,6 +144,9 @@ __device__ __forceinline__ void put_f16p(__nv_fp8x2_storage_t e01, __nv_fp8x2_st
   *reinterpret_cast<uint2*>(codes + (lane >> 1) * 8 + (odd ? 4 : 0)) = make_uint2(w0, w1);
   if (lane == 0) *scale = s;
 }
+// QA8 of x[0, len) as f16 values of the E4M3 codes (exact) for the f16 walk, in its MMA order: per 8 columns
+// 0, 4, 1, 5, 2, 6, 3, 7 (the k order of the two m16n8k16 MMAs a lane's word feeds, see mma_walk), so lane t reads its
+// chunk's 8 values with one 16-byte load; scales[b] as stage_x_e4m3's. All threads of the block.
 __device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_t len, __half* codes, float* scales) {
   const int nw = blockDim.x >> 5;
   for (int64_t b = threadIdx.x >> 5; b < len / 128; b += nw) {
@@ -156,14 +156,14 @@ __device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_
     put_f16p(e01, e23, s, codes + b * 128, scales + b);
   }
 }
-// The decode expert launches' stagings as one pass (expert_ring_kernel's batch): `count` 128-blocks, block i read
+// The decode expert launches' QA8 stagings as one pass (expert_ring_kernel's batch): `count` 128-blocks, block i read
 // from src(i) (128 floats) and written by put(i, e01, e23, s); warp w takes blocks w, w + warps, ... and requests up
 // to kStageBatch of them before quantizing any, so their L2 round trips overlap (the per-row stagings above wait out
 // one round trip per block: ~7 in a row per warp in down's, before its first MMA). Each block's QA8 is the same
 // arithmetic whichever warp does it: the same bits as the stagings above.
 constexpr int kStageBatch = 8;
 template <typename Src, typename Put>
-__device__ __forceinline__ void stage_expert_blocks(int count, Src src, Put put) {
+__device__ __forceinline__ void stage_qa8_blocks(int count, Src src, Put put) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int base = warp; base < count; base += kStageBatch * nw) {
     float4 v[kStageBatch];

@@ -258,21 +258,21 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     if (GATE_UP) stage_x_e4m3<true>(a.x, a.d, xc2, xsc2);
     else stage_x_e4m3<true>(a.act_q + static_cast<int64_t>(k) * a.I, a.I, xc2, xsc2);
   };
-  // batch (F16R with once; expert_stage_batch): stage_routed_m and stage_shared_m as one stage_expert_blocks pass, so
+  // batch (F16R with once; expert_stage_batch): stage_routed_m and stage_shared_m as one stage_qa8_blocks pass, so
   // a warp's blocks are requested together -- gate/up: each 128-block of x read once for both layouts; down: the k
   // routed act rows' blocks, then the shared row's. The same bits.
   auto stage_both_batched = [&] {
     if constexpr (F16R) {
       __half* xh = reinterpret_cast<__half*>(xcodes);
       if (GATE_UP) {
-        stage_expert_blocks(static_cast<int>(a.d / 128), [&](int i) { return a.x + static_cast<int64_t>(i) * 128; },
+        stage_qa8_blocks(static_cast<int>(a.d / 128), [&](int i) { return a.x + static_cast<int64_t>(i) * 128; },
                             [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
                               put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
                               put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(i) * 128, xsc2 + i);
                             });
       } else {
         const int KB = static_cast<int>(a.I / 128);
-        stage_expert_blocks((k + 1) * KB, [&](int i) { return a.act_q + static_cast<int64_t>(i) * 128; },
+        stage_qa8_blocks((k + 1) * KB, [&](int i) { return a.act_q + static_cast<int64_t>(i) * 128; },
                             [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
                               const int j = i / KB, b = i - j * KB;
                               if (j < k) put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);

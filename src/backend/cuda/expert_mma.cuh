@@ -75,9 +75,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
 }
-// One warp's QA8 of the 128-block at x (len 128): lane l's columns 4 l .. 4 l + 3 as two E4M3 pairs (e01, e23) and the
-// block's power-of-two scale s -- stage_x's arithmetic, shared by the stagings below.
-// qa8_e4m3_v: the same from the lane's four values v, already loaded (stage_qa8_blocks keeps several loads in flight).
+// One warp's QA8 of a 128-block from lane l's columns 4 l .. 4 l + 3 (v): two E4M3 pairs (e01, e23) and the block's
+// power-of-two scale s -- stage_x's arithmetic, shared by the stagings below. qa8_e4m3_lane loads v from x itself;
+// stage_qa8_blocks loads several blocks' v first, so that their round trips overlap.
 __device__ __forceinline__ void qa8_e4m3_v(const float4 v, __nv_fp8x2_storage_t& e01, __nv_fp8x2_storage_t& e23, float& s) {
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);

@@ -266,18 +266,18 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       __half* xh = reinterpret_cast<__half*>(xcodes);
       if (GATE_UP) {
         stage_qa8_blocks(static_cast<int>(a.d / 128), [&](int i) { return a.x + static_cast<int64_t>(i) * 128; },
-                            [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
-                              put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
-                              put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(i) * 128, xsc2 + i);
-                            });
+                         [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
+                           put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
+                           put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(i) * 128, xsc2 + i);
+                         });
       } else {
         const int KB = static_cast<int>(a.I / 128);
         stage_qa8_blocks((k + 1) * KB, [&](int i) { return a.act_q + static_cast<int64_t>(i) * 128; },
-                            [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
-                              const int j = i / KB, b = i - j * KB;
-                              if (j < k) put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
-                              else put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(b) * 128, xsc2 + b);
-                            });
+                         [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
+                           const int j = i / KB, b = i - j * KB;
+                           if (j < k) put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
+                           else put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(b) * 128, xsc2 + b);
+                         });
       }
     }
   };

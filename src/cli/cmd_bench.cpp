@@ -342,8 +342,9 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   // Batched decode (what the server runs with several requests decoding): B sequences, the first being the one timed
   // above, the others prefilled to the context (untimed); each step is one forward_batch of one token per sequence,
-  // with the LM head. On the GPU this is the generic path (position-free ops once over the B rows, the attention-side
-  // ops per row, no CUDA graph), so it measures what batching buys today, not a batched-kernel design.
+  // with the LM head. On the GPU: the position-free ops once over the B rows, the attention-side ops per row, the
+  // whole step recorded once as a CUDA graph and replayed (Backend::begin_decode_batch; DSV4_BATCH_GRAPHS=0: eager).
+  // The per-op split below is of one more step launched op by op (eager profiling turns the recording off).
   double batch_step_us = 0;
   std::vector<std::pair<std::string, double>> batch_prof;
   if (batch > 1) {
@@ -442,7 +443,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (batch > 1) {
     double bt = 0;  // ops only: a part ("moe/down") is inside its op's time too
     for (const auto& [n, ms] : batch_prof) bt += n.find('/') == std::string::npos ? ms : 0.0;
-    std::printf("  batched decode time by op (%s, one step of %d sequences, events around each op):\n",
+    std::printf("  batched decode time by op (%s, one step of %d sequences, eager, events around each op):\n",
                 tp > 1 ? "rank 0" : "one GPU", batch);
     for (const auto& [n, ms] : batch_prof)
       std::printf("    %-24s %10.1f us  %5.1f%%\n", n.c_str(), ms * 1e3, 100.0 * ms / std::max(bt, 1e-12));

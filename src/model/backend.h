@@ -139,6 +139,14 @@ class Backend {
     (void)buffers, (void)st, (void)pos, (void)head;
     return StepMode::Eager;
   }
+  // The same for a batched decode step (Forward::forward_batch, n >= 2 rows; sts / pos as in the *_rows ops, host
+  // arrays): a recording is keyed by the buffers, the head flag and the ordered list of sequences, and reads each
+  // row's position from the backend, so it serves every later step of the same batch. Paired with end_decode_step.
+  virtual StepMode begin_decode_batch(const void* buffers, SequenceState* const* sts, const int64_t* pos, int n,
+                                      bool head) {
+    (void)buffers, (void)sts, (void)pos, (void)n, (void)head;
+    return StepMode::Eager;
+  }
   virtual void end_decode_step(bool completed) { (void)completed; }
 
   // MTP block (layer index n_layers; MODEL.md §5.11). Input fusion: Y[n, hc, d] = h_proj(rms(X_s, hnorm)) +

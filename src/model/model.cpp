@@ -185,16 +185,23 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
   if (n == 1) return forward(*sts[0], ids, 1, pos[0], logits);
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
   last_n_ = -1;  // forward_mtp follows forward() only
+  float* lg = logits ? logits_for(n) : nullptr;  // before a recording starts (it may allocate)
+  // Like a single-token step, a batched step may be recorded once and replayed whole (Backend::begin_decode_batch).
+  const StepMode mode = b.begin_decode_batch(ids_, sts, pos, n, logits != nullptr);
   try {
-    b.embed(ids_, n, X_);
-    for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts, l == 0, l + 1 == c.n_layers);
-    if (logits) b.head(X_, n, logits_for(n));
+    if (mode != StepMode::Replay) {
+      b.embed(ids_, n, X_);
+      for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts, l == 0, l + 1 == c.n_layers);
+      if (logits) b.head(X_, n, lg);
+    }
   } catch (...) {
     for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
+    b.end_decode_step(false);
     throw;
   }
+  b.end_decode_step(true);
   for (int i = 0; i < n; ++i) sts[i]->set_tokens(pos[i] + 1);
-  if (logits) b.download_f32(logits, logits_for(n), static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+  if (logits) b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
 }
 
 float* Forward::logits_for(int rows) {

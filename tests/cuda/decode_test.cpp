@@ -316,6 +316,130 @@ TEST(CudaBatch, FlashShapedRowOpsMatchTheRowLoop) {
   for (float v : ya) ASSERT_TRUE(std::isfinite(v));
 }
 
+// Batched steps recorded into CUDA graphs (Backend::begin_decode_batch) vs the same steps launched op by op: every row
+// bit for bit. Rows: the plan's sequences with the membership changing every step (4 patterns cycling, then the
+// sequences finishing one by one: new keys, captures and least-recently-used evictions), then one stable batch of 3
+// in a changed row order for many replays. The recorded backend must have replayed.
+std::vector<std::vector<float>> batched_steps(Model& m, const Plan& p) {
+  const size_t V = static_cast<size_t>(m.config().vocab_size);
+  const size_t S = p.toks.size();
+  Forward fwd(m, 64);
+  std::vector<std::unique_ptr<SequenceState>> sts;
+  std::vector<float> lg(V);
+  for (size_t s = 0; s < S; ++s) {
+    sts.push_back(m.backend().new_sequence(256));
+    if (p.prefill[s] > 0) fwd.forward(*sts[s], p.toks[s].data(), p.prefill[s], 0, lg.data(), true);
+  }
+  std::vector<int> done(S, 0);
+  std::vector<std::vector<float>> out;
+  std::vector<float> o(S * V);
+  auto step = [&](const std::vector<size_t>& who) {
+    std::vector<SequenceState*> rows;
+    std::vector<int32_t> ids;
+    std::vector<int64_t> pos;
+    for (size_t s : who) {
+      const int64_t ps = p.prefill[s] + done[s];
+      rows.push_back(sts[s].get()), ids.push_back(p.toks[s][static_cast<size_t>(ps)]), pos.push_back(ps);
+    }
+    fwd.forward_batch(rows.data(), ids.data(), pos.data(), static_cast<int>(rows.size()), o.data());
+    for (size_t r = 0; r < who.size(); ++r) {
+      out.emplace_back(o.begin() + static_cast<long>(r * V), o.begin() + static_cast<long>((r + 1) * V));
+      ++done[who[r]];
+    }
+  };
+  const int steps = p.steps / 2;  // room left for the stable phase below
+  for (int k = 0; k < 2 * steps; ++k) {
+    std::vector<size_t> who;
+    for (size_t s = 0; s < S; ++s)
+      if ((k + static_cast<int>(s)) % 4 != 3 && done[s] < steps) who.push_back(s);
+    if (who.size() >= 2) step(who);
+  }
+  for (int k = 0; k < 12; ++k) step({5, 1, 3});
+  return out;
+}
+
+TEST(CudaBatch, RecordedStepsAreBitIdenticalToEager) {
+  for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    const auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    for (Numerics nm : {Numerics::Reference, Numerics::Official}) {
+      std::vector<std::vector<float>> got[2];
+      CudaGraphStats st[2];
+      for (int g = 0; g < 2; ++g) {
+        Model m(dir, make_cuda_backend(CudaOptions{g == 1}), nm);
+        const Plan p = make_plan(ids, static_cast<int>(m.config().vocab_size));
+        got[g] = batched_steps(m, p);
+        st[g] = cuda_graph_stats(m.backend());
+      }
+      ASSERT_EQ(got[0].size(), got[1].size());
+      int differ = 0;
+      for (size_t r = 0; r < got[0].size(); ++r)
+        differ += std::memcmp(got[0][r].data(), got[1][r].data(), got[0][r].size() * 4) != 0;
+      std::printf("[cuda-batch] %-12s %-9s recorded vs eager: %d of %zu rows differ; captures %d, replays %d\n",
+                  name.c_str(), numerics_name(nm), differ, got[0].size(), st[1].captures, st[1].replays);
+      EXPECT_EQ(differ, 0) << name << " " << numerics_name(nm);
+      EXPECT_EQ(st[0].captures + st[0].replays, 0);
+      EXPECT_GE(st[1].replays, 20) << name << ": the batched steps were not replayed";
+    }
+  }
+}
+
+// The same at Flash shapes (4 synthetic layers: SWA, SWA, CSA, HCA; official numerics, so the multi-token tensor-core
+// GEMVs and the Flash attention kernels run), 4 sequences at positions across the HCA ratio (128) and the window,
+// then 2 of them in swapped order: recorded vs eager, bit for bit.
+TEST(CudaBatch, FlashShapedRecordedStepsMatchEager) {
+  std::vector<std::vector<float>> got[2];
+  CudaGraphStats st[2];
+  for (int g = 0; g < 2; ++g) {
+    SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
+    const ModelConfig cfg = syn.cfg;
+    Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g == 1}), Numerics::Official);
+    const size_t V = static_cast<size_t>(cfg.vocab_size);
+    std::mt19937 rng(11);
+    Forward pre(m, 64), dec(m, 4);
+    const int64_t start[4] = {5, 126, 300, 700};
+    std::vector<std::unique_ptr<SequenceState>> sts;
+    std::vector<std::vector<int32_t>> toks(4);
+    std::vector<float> lg(V);
+    for (int s = 0; s < 4; ++s) {
+      for (int i = 0; i < 800; ++i) toks[static_cast<size_t>(s)].push_back(static_cast<int32_t>(rng() % 100000u + 100u));
+      sts.push_back(m.backend().new_sequence(1024));
+      for (int64_t p0 = 0; p0 < start[s]; p0 += 64) {
+        const int n = static_cast<int>(std::min<int64_t>(64, start[s] - p0));
+        pre.forward(*sts.back(), toks[static_cast<size_t>(s)].data() + p0, n, p0, lg.data(), true);
+      }
+    }
+    std::vector<int64_t> at(start, start + 4);
+    std::vector<float> o(4 * V);
+    auto step = [&](const std::vector<int>& who) {
+      std::vector<SequenceState*> rows;
+      std::vector<int32_t> ids;
+      std::vector<int64_t> pos;
+      for (int s : who)
+        rows.push_back(sts[static_cast<size_t>(s)].get()), pos.push_back(at[static_cast<size_t>(s)]),
+            ids.push_back(toks[static_cast<size_t>(s)][static_cast<size_t>(at[static_cast<size_t>(s)])]);
+      dec.forward_batch(rows.data(), ids.data(), pos.data(), static_cast<int>(who.size()), o.data());
+      for (size_t r = 0; r < who.size(); ++r) {
+        got[g].emplace_back(o.begin() + static_cast<long>(r * V), o.begin() + static_cast<long>((r + 1) * V));
+        ++at[static_cast<size_t>(who[r])];
+      }
+    };
+    for (int k = 0; k < 10; ++k) step({0, 1, 2, 3});
+    for (int k = 0; k < 5; ++k) step({3, 1});
+    st[g] = cuda_graph_stats(m.backend());
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  int differ = 0;
+  for (size_t r = 0; r < got[0].size(); ++r) {
+    differ += std::memcmp(got[0][r].data(), got[1][r].data(), got[0][r].size() * 4) != 0;
+    for (float v : got[1][r]) ASSERT_TRUE(std::isfinite(v)) << "row " << r;
+  }
+  std::printf("[cuda-batch] Flash-shaped recorded vs eager: %d of %zu rows differ; captures %d, replays %d\n", differ,
+              got[0].size(), st[1].captures, st[1].replays);
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(st[1].replays, 8 + 3);
+}
+
 // Per-token decode latency, graph vs eager (median of 5 runs of `steps` single-token steps each, logits downloaded
 // every step as a real decode loop does). Prints only; the numbers go to docs/BENCHMARKS.md.
 TEST(CudaGraph, DecodeLatency) {

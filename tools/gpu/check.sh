@@ -161,19 +161,22 @@ fi
 # AB="VAR1 VAR2=V ...": the Flash bench (AB_LAYERS layers, default 20; AB_PROMPT tokens of prompt, default 2K, or
 # several prompt sizes "8192 2048": the whole A/B once per size) once per entry (VAR alone: VAR=0;
 # several variables in one entry joined by commas: A=1,B=2), after one with none; AB_REPS=N repeats that sequence N
-# times (base and variants alternate: drift shows).
+# times (base and variants alternate: drift shows). AB_ARGS="--batch 4": more bench arguments for every A/B run (the
+# batched step's line is in the summary then).
 AB_LAYERS=${AB_LAYERS:-20}
+AB_ARGS=${AB_ARGS:-}
 if [ -n "${AB:-}" ]; then
-  ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms" "$1" | tr -s ' ' | tr '\n' ' '; }
+  ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms|batched decode, " "$1" | tr -s ' ' | tr '\n' ' '; }
   for prompt in ${AB_PROMPT:-2048}; do
     for rep in $(seq 1 "${AB_REPS:-1}"); do
-      step "ab_base_p${prompt}_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt"
+      # shellcheck disable=SC2086  # AB_ARGS: several arguments
+      step "ab_base_p${prompt}_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt" $AB_ARGS
       note "- A/B (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) base: $(ab_line "$OUT/ab_base_p${prompt}_r$rep.log")"
       for v in $AB; do
         case "$v" in *=*) kv=$v ;; *) kv="$v=0" ;; esac  # VAR alone means VAR=0; VAR=VALUE as given
         name=$(echo "$kv" | tr '=,' '__')
-        # shellcheck disable=SC2046  # the entry's comma-separated assignments become separate env arguments
-        step "ab_${name}_p${prompt}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt"
+        # shellcheck disable=SC2046,SC2086  # the entry's comma-separated assignments become separate env arguments
+        step "ab_${name}_p${prompt}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt" $AB_ARGS
         note "- A/B (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) $kv: $(ab_line "$OUT/ab_${name}_p${prompt}_r$rep.log")"
       done
     done

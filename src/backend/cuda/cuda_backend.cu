@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <cstdio>
 #include <cstdlib>
@@ -176,6 +177,8 @@ struct DevLayerState {
 struct DecodeGraph {
   const void* buffers = nullptr;
   bool head = false;
+  std::vector<uint64_t> rows;   // a batched step's sequences (CudaSequence::uid, row order); empty for one token
+  uint64_t last_use = 0;        // batched steps: the backend keeps the most recently used few
   bool warmed = false;          // one eager step in graph mode has sized every scratch buffer for this key
   uint64_t scratch_gen = 0;     // the scratch generation the recording points into
   cudaGraphExec_t exec = nullptr;
@@ -196,7 +199,7 @@ struct DecodeGraph {
 class CudaSequence final : public SequenceState {
  public:
   CudaSequence(const ModelConfig& c, const std::vector<DevLayer>& layers, int64_t max_ctx, cudaStream_t s)
-      : c_(c), max_ctx_(max_ctx), s_(s) {
+      : uid_(next_uid()), c_(c), max_ctx_(max_ctx), s_(s) {
     for (const DevLayer& L : layers) {
       DevLayerState st;
       st.ring = static_cast<float*>(heap_.alloc(static_cast<size_t>(c.window * c.head_dim) * 4));
@@ -220,6 +223,9 @@ class CudaSequence final : public SequenceState {
     reset();
   }
   int64_t max_context() const override { return max_ctx_; }
+  // Never reused (unlike the object's address): a batched-step recording names its sequences by it, so a recording
+  // of sequences that are gone can never match a new one allocated where they were.
+  uint64_t uid() const { return uid_; }
   void reset() override {
     const float ninf = -std::numeric_limits<float>::infinity();
     for (auto& st : layers_) {
@@ -314,6 +320,11 @@ class CudaSequence final : public SequenceState {
   }
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;
 
+  static uint64_t next_uid() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
+  uint64_t uid_;
   ModelConfig c_;
   int64_t max_ctx_;
   cudaStream_t s_;
@@ -344,8 +355,8 @@ class CudaBackend final : public Backend {
     }
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
-    dpos_ = static_cast<int64_t*>(heap_.alloc(sizeof(int64_t)));
-    DSV4_CU(cudaMemset(dpos_, 0, sizeof(int64_t)));
+    dpos_ = static_cast<int64_t*>(heap_.alloc(kMaxGraphRows * sizeof(int64_t)));
+    DSV4_CU(cudaMemset(dpos_, 0, kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
@@ -478,17 +489,71 @@ class CudaBackend final : public Backend {
     if (!opts_.decode_graphs) return StepMode::Eager;
     if (step_) fail("CUDA backend: begin_decode_step while a step is in progress");
     auto& S = static_cast<CudaSequence&>(sst);
-    DecodeGraph& g = S.graph(buffers, head);
+    // Pageable source: the copy is staged before the call returns, so `pos` may go out of scope.
+    DSV4_CU(cudaMemcpyAsync(dpos_, &pos, sizeof(int64_t), cudaMemcpyHostToDevice, s_));
+    return start_step(S.graph(buffers, head), [&] { advance_counts(S, pos); });
+  }
+
+  // Batched steps (Forward::forward_batch) the same way, per (buffers, head, ordered sequences): while a server's
+  // batch keeps its members, every step after the first two replays one graph. Each row's position is dpos_[row];
+  // the per-row ops run under RowScope. Not while eager ops are profiled (`dsv4 bench`'s per-op split of a batched
+  // step times the ops one by one). DSV4_BATCH_GRAPHS=0: batched steps always eager (A/B).
+  static bool batch_graphs_enabled() {
+    static const bool on = [] {
+      const char* e = std::getenv("DSV4_BATCH_GRAPHS");
+      return !(e && std::string(e) == "0");
+    }();
+    return on;
+  }
+  StepMode begin_decode_batch(const void* buffers, SequenceState* const* sts, const int64_t* pos, int n,
+                              bool head) override {
+    if (!opts_.decode_graphs || !batch_graphs_enabled() || eager_profiling_ || n < 2 || n > kMaxGraphRows)
+      return StepMode::Eager;
+    if (step_) fail("CUDA backend: begin_decode_batch while a step is in progress");
+    std::vector<uint64_t> key;
+    for (int i = 0; i < n; ++i) key.push_back(static_cast<const CudaSequence*>(sts[i])->uid());
+    DecodeGraph& g = batch_graph(buffers, head, key);
+    DSV4_CU(cudaMemcpyAsync(dpos_, pos, static_cast<size_t>(n) * sizeof(int64_t), cudaMemcpyHostToDevice, s_));
+    const StepMode m = start_step(g, [&] {
+      for (int i = 0; i < n; ++i) advance_counts(static_cast<CudaSequence&>(*sts[i]), pos[i]);
+    });
+    batch_step_ = m != StepMode::Replay;
+    return m;
+  }
+  // The recording of a batched step's key, created empty on first use; beyond kBatchGraphs recordings the least
+  // recently used goes (a batch whose membership changed will not come back often).
+  static constexpr size_t kBatchGraphs = 8;
+  DecodeGraph& batch_graph(const void* buffers, bool head, const std::vector<uint64_t>& rows) {
+    ++batch_clock_;
+    for (auto& g : batch_graphs_)
+      if (g->buffers == buffers && g->head == head && g->rows == rows) {
+        g->last_use = batch_clock_;
+        return *g;
+      }
+    if (batch_graphs_.size() >= kBatchGraphs) {
+      auto old = std::min_element(batch_graphs_.begin(), batch_graphs_.end(),
+                                  [](const auto& a, const auto& b) { return a->last_use < b->last_use; });
+      DSV4_CU(cudaStreamSynchronize(s_));  // it may still be running: destroyed only once the stream is idle
+      batch_graphs_.erase(old);
+    }
+    batch_graphs_.push_back(std::make_unique<DecodeGraph>());
+    DecodeGraph& g = *batch_graphs_.back();
+    g.buffers = buffers, g.head = head, g.rows = rows, g.last_use = batch_clock_;
+    return g;
+  }
+
+  // A recorded step's key: replayed if recorded (after `advance`, the host-side bookkeeping the skipped ops would have
+  // done), else run eagerly in graph mode once (sizing every scratch buffer), then captured.
+  template <class Advance>
+  StepMode start_step(DecodeGraph& g, Advance&& advance) {
     if (g.exec && g.scratch_gen != scratch_gen_) {  // a scratch buffer moved since the recording: record again
       DSV4_CU(cudaGraphExecDestroy(g.exec));
       g.exec = nullptr;
       g.warmed = false;
     }
-    // Pageable source: the copy is staged before the call returns, so `pos` may go out of scope.
-    DSV4_CU(cudaMemcpyAsync(dpos_, &pos, sizeof(int64_t), cudaMemcpyHostToDevice, s_));
     last_step_ = &g;
     if (g.exec) {
-      advance_counts(S, pos);  // what compressor_step does on the host for the main layers
+      advance();
       DSV4_CU(cudaGraphLaunch(g.exec, s_));
       ++replays_;
       return StepMode::Replay;
@@ -509,7 +574,8 @@ class CudaBackend final : public Backend {
     if (!step_) return;
     DecodeGraph& g = *step_;
     step_ = nullptr;
-    dyn_ = false;
+    dyn_ = batch_step_ = false;
+    row_ = 0;
     if (!capturing_) {
       if (completed) g.warmed = true;
       return;
@@ -622,17 +688,7 @@ class CudaBackend final : public Backend {
     // attend() joins only those: an HCA layer uses one of the three (its compressor), and the two empty branches'
     // edges into attend's first kernel go away (a graph branch point measured ~3 us of lost PDL overlap per fork /
     // join pair, session 8).
-    if (n == 1 && L.kind != AttnKind::SWA && cuda::attn_fork_enabled()) {
-      DSV4_CU(cudaEventRecord(attn_fork_ev_, s_));
-      ++attn_fork_gen_;  // a batch re-forks per row: a branch's next op waits on this (the newest) fork point
-      if (!cuda::attn_lazy_fork_enabled()) {
-        for (int i = 0; i < 3; ++i) {
-          DSV4_CU(cudaStreamWaitEvent(attn_side_[i], attn_fork_ev_, 0));
-          attn_wait_gen_[i] = attn_fork_gen_;
-        }
-      }
-      attn_side_open_ = true;
-    }
+    if (n == 1) fork_attn_side(L);
     // Prefill: wq_b's official BF16 output rounding happens as q_rope reads q (NormRopeArgs::round_x) instead of in a
     // pass of its own over the n x 32768 output. Decode keeps it in the GEMV's epilogue (free there).
     const bool defer_round = official_ && n > 1;
@@ -644,17 +700,29 @@ class CudaBackend final : public Backend {
     cuda::norm_rope(b, s_);
   }
 
+  // The fork point of attn_qkv's side branches (see there): decode, on layers with a compressor.
+  void fork_attn_side(const DevLayer& L) {
+    if (L.kind == AttnKind::SWA || !cuda::attn_fork_enabled()) return;
+    DSV4_CU(cudaEventRecord(attn_fork_ev_, s_));
+    ++attn_fork_gen_;  // a batch re-forks per row: a branch's next op waits on this (the newest) fork point
+    if (!cuda::attn_lazy_fork_enabled()) {
+      for (int i = 0; i < 3; ++i) {
+        DSV4_CU(cudaStreamWaitEvent(attn_side_[i], attn_fork_ev_, 0));
+        attn_wait_gen_[i] = attn_fork_gen_;
+      }
+    }
+    attn_side_open_ = true;
+  }
+
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                        SequenceState& sst) override {
     const bool main = which == CompressorKind::Main;
     SideScope side(this, attn_side_open_ ? (main ? kSideComp : kSideIdx) : -1);
     OpScope prof(this, "compressor");
     const DevLayer& L = lay(layer);
-    DevLayerState& S = seq(sst, layer);
     const int slot = main ? 1 : 46;  // K / Z scratch: the two compressors may run at once (side streams)
     const DevComp& C = main ? L.comp : L.icomp;
     if (!(main ? L.has_comp : L.has_idx)) fail("layer ", layer, " has no ", main ? "compressor" : "indexer");
-    const int m = C.ratio;
     const int64_t W = (C.overlap ? 2 : 1) * C.width;
     float *K, *Z;
     if (n == 1 && C.wkv_wgate.w) {  // one GEMV over the stored pair: [K | Z]
@@ -667,6 +735,16 @@ class CudaBackend final : public Backend {
       plain(C.wkv, x, n, K);
       plain(C.wgate, x, n, Z);
     }
+    compressor_emit(layer, which, K, Z, n, pos0, sst);
+  }
+  // The compressor kernel of compressor_step on its projections K, Z [n, W] (a batch row: n = 1, under its RowScope).
+  void compressor_emit(int layer, CompressorKind which, const float* K, const float* Z, int n, int64_t pos0,
+                       SequenceState& sst) {
+    const bool main = which == CompressorKind::Main;
+    const DevLayer& L = lay(layer);
+    DevLayerState& S = seq(sst, layer);
+    const DevComp& C = main ? L.comp : L.icomp;
+    const int m = C.ratio;
     int64_t& count = main ? S.n_comp : S.n_idx;
     const int64_t emitted = (pos0 + n) / m - pos0 / m;
     if (count + emitted > S.cap)
@@ -842,13 +920,134 @@ class CudaBackend final : public Backend {
   bool batched_rows(int n) const {
     const RowDims& d = row_dims();
     // The row paths take host-side positions: never inside a decode-graph step (whose ops read the device position).
-    if (n > 1 && dyn_) fail("CUDA backend: a batched row op inside a single-token decode step");
+    if (n > 1 && dyn_ && !batch_step_) fail("CUDA backend: a batched row op inside a single-token decode step");
     return batch_rows_enabled() && n > 1 && n < cuda::kGemmMinTokens && tp_ == 1 && d.x == c_.hidden && d.qr == c_.q_lora_rank &&
            d.q == heads() * c_.head_dim && d.kv == c_.head_dim && d.o == heads() * c_.head_dim;
   }
+  // Row i of a batched op runs with row_ = i, so that in a recorded batched step it reads its own device position.
+  struct RowScope {
+    CudaBackend* b;
+    RowScope(CudaBackend* be, int i) : b(be) { b->row_ = i; }
+    ~RowScope() { b->row_ = 0; }
+  };
+  // The Backend's row loops (the single-sequence op per row), each row under its RowScope.
+  // Batched: the projections of all n rows as one GEMV over the stored wkv|wgate pair (its weights stream once per step,
+  // not once per row), then each row's compressor kernel. On attn_qkv_rows' side branch like the single-row op.
+  void compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,
+                            SequenceState* const* sts) override {
+    const RowDims& d = row_dims();
+    const bool main = which == CompressorKind::Main;
+    const DevLayer& L = lay(layer);
+    const DevComp& C = main ? L.comp : L.icomp;
+    if (!batched_rows(n) || !(main ? L.has_comp : L.has_idx) || !C.wkv_wgate.w) {
+      for (int i = 0; i < n; ++i) {
+        RowScope r(this, i);
+        compressor_step(layer, which, x + i * d.x, 1, pos[i], *sts[i]);
+      }
+      return;
+    }
+    SideScope side(this, attn_side_open_ ? (main ? kSideComp : kSideIdx) : -1);
+    OpScope prof(this, "compressor");
+    const int64_t W = (C.overlap ? 2 : 1) * C.width;
+    float* KZ = scratch(main ? 1 : 46, static_cast<size_t>(n) * 2 * W);  // row i: [K | Z] at KZ + i * 2W
+    plain(C.wkv_wgate, x, n, KZ);
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      const float* K = KZ + i * 2 * W;
+      compressor_emit(layer, which, K, K + W, 1, pos[i], *sts[i]);
+    }
+  }
+  // Batched: the indexer queries and head weights of all n rows as one GEMV each (weights streamed once per step), each
+  // row's query RoPE/Hadamard prep, then per row its scores over its own cache and its top-k. The branches and events
+  // of indexer_topk.
+  void indexer_topk_rows(int layer, const float* x, const float* qr, int n, const int64_t* pos,
+                         SequenceState* const* sts, int32_t* topk) override {
+    const RowDims& d = row_dims();
+    if (!batched_rows(n)) {
+      for (int i = 0; i < n; ++i) {
+        RowScope r(this, i);
+        indexer_topk(layer, x + i * d.x, qr + i * d.qr, 1, pos[i], *sts[i], topk + i * d.topk);
+      }
+      return;
+    }
+    const bool fork = attn_side_open_;
+    SideScope side(this, fork ? kSideIdx : -1);  // after the indexer's compressor (the caches it scores)
+    OpScope prof(this, "indexer_topk");
+    const DevLayer& L = lay(layer);
+    const int Hi = c_.index_n_heads, K = c_.index_topk, m = L.ratio;
+    const int64_t Di = c_.index_head_dim;
+    std::vector<int64_t> ld(static_cast<size_t>(n)), off(static_cast<size_t>(n) + 1, 0);
+    for (int i = 0; i < n; ++i) {
+      const DevLayerState& S = seq(*sts[i], layer);
+      const int64_t visible_end = (pos[i] + 1) / m;
+      if (visible_end > S.n_idx)
+        fail("indexer: ", visible_end, " entries should be visible at position ", pos[i], " but only ", S.n_idx, " exist");
+      ld[static_cast<size_t>(i)] = dyn_ ? S.cap : std::max<int64_t>(1, visible_end);  // as indexer_topk
+      off[static_cast<size_t>(i) + 1] = off[static_cast<size_t>(i)] + ld[static_cast<size_t>(i)];
+    }
+    float* qI = scratch(3, static_cast<size_t>(n) * Hi * Di);
+    float* wI = scratch(4, static_cast<size_t>(n) * Hi);
+    {
+      SideScope qside(this, fork ? kSideIdxQ : -1);
+      if (fork && idx_scores_pending_) DSV4_CU(cudaStreamWaitEvent(s_, idx_done_ev_, 0));
+      lin(L.idx_wq_b, qr, n, qI);
+      plain(L.idx_wproj, x, n, wI);
+      if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
+      for (int i = 0; i < n; ++i) {
+        RowScope r(this, i);
+        cuda::indexer_q_prep(qI + i * Hi * Di, 1, Hi, Di, c_.rope_dim, L.inv_freq, pos[i], official_, s_, dpos());
+      }
+      if (fork) DSV4_CU(cudaEventRecord(idx_q_ev_, s_));
+    }
+    if (fork) DSV4_CU(cudaStreamWaitEvent(s_, idx_q_ev_, 0));
+    float* sc = scratch(13, static_cast<size_t>(off.back()));
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      const DevLayerState& S = seq(*sts[i], layer);
+      float* sci = sc + off[static_cast<size_t>(i)];
+      const int64_t ldi = ld[static_cast<size_t>(i)];
+      cuda::indexer_scores(qI + i * Hi * Di, wI + i * Hi, S.idx, 1, Hi, Di, pos[i], m, S.n_idx, official_, sci, ldi, s_,
+                           dpos());
+      cuda::topk_rows(sci, 1, ldi, pos[i], m, K, topk + i * d.topk, s_, dpos());
+    }
+    if (fork) {
+      DSV4_CU(cudaEventRecord(idx_done_ev_, s_));
+      idx_scores_pending_ = true;
+    }
+  }
+  void attend_rows(int layer, const float* q, const float* kv, const int32_t* topk, int n, const int64_t* pos,
+                   SequenceState* const* sts, float* o) override {
+    const RowDims& d = row_dims();
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      attend(layer, q + i * d.q, kv + i * d.kv, topk ? topk + i * d.topk : nullptr, 1, pos[i], *sts[i], o + i * d.o);
+    }
+  }
+  void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts) override {
+    const RowDims& d = row_dims();
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      window_store(layer, kv + i * d.kv, 1, pos[i], *sts[i]);
+    }
+  }
+  void attn_qkv_row_loop(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) {
+    const RowDims& d = row_dims();
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      attn_qkv(layer, x + i * d.x, 1, pos[i], qr + i * d.qr, q + i * d.q, kv + i * d.kv);
+    }
+  }
+  void attn_out_row_loop(int layer, const float* o, int n, const int64_t* pos, float* out) {
+    const RowDims& d = row_dims();
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      attn_out(layer, o + i * d.o, 1, pos[i], out + i * d.x);
+    }
+  }
+
   void attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) override {
     const DevLayer& L = lay(layer);
-    if (!batched_rows(n) || !L.wq_a_wkv.w) return Backend::attn_qkv_rows(layer, x, n, pos, qr, q, kv);
+    if (!batched_rows(n) || !L.wq_a_wkv.w) return attn_qkv_row_loop(layer, x, n, pos, qr, q, kv);
     OpScope prof(this, "attn_qkv");
     join_attn_side();
     stored_rows_.clear(), deroped_.clear();
@@ -858,19 +1057,25 @@ class CudaBackend final : public Backend {
     // norm and KV norm/RoPE/SIM8 as attn_qkv's norm_rope2, wq_b over the n rows, each row's query RoPE.
     float* tmp = scratch(0, static_cast<size_t>(n) * (ql + D));
     lin(L.wq_a_wkv, x, n, tmp);
-    auto row = [&](int i) {
+    auto row = [&](int i) {  // under row i's RowScope (the norms read its device position)
       float* t = tmp + i * (ql + D);
       return qkv_norms(L, t, qr + i * ql, t + ql, kv + i * D, q + i * H * D, 1, pos[i]);
     };
     for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
       const QkvNorms nr = row(i);
       cuda::norm_rope2(nr.qlora, nr.kv, s_);
     }
+    // x and every row's qr are ready: the compressor / indexer rows run on their side branches from here (attn_qkv).
+    fork_attn_side(L);
     lin(L.wq_b, qr, n, q);
-    for (int i = 0; i < n; ++i) cuda::norm_rope(row(i).heads, s_);
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      cuda::norm_rope(row(i).heads, s_);
+    }
   }
   void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out) override {
-    if (!batched_rows(n)) return Backend::attn_out_rows(layer, o, n, pos, out);
+    if (!batched_rows(n)) return attn_out_row_loop(layer, o, n, pos, out);
     // Each row's inverse RoPE: applied by its attend (the fused single-token merge) or here, per row at its position
     // (every row the same way; a mix takes the row loop). The projections are then position-free: one GEMV each.
     const DevLayer& L = lay(layer);
@@ -879,7 +1084,7 @@ class CudaBackend final : public Backend {
     int done = 0;
     for (int i = 0; i < n; ++i)
       done += std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o + i * od, pos[i]}) != deroped_.end();
-    if (done != 0 && done != n) return Backend::attn_out_rows(layer, o, n, pos, out);
+    if (done != 0 && done != n) return attn_out_row_loop(layer, o, n, pos, out);
     OpScope prof(this, "attn_out");
     float* ur = scratch(5, static_cast<size_t>(n) * H * D);
     const float* u = o;
@@ -888,6 +1093,7 @@ class CudaBackend final : public Backend {
         deroped_.erase(std::find(deroped_.begin(), deroped_.end(), Deroped{layer, o + i * od, pos[i]}));
         continue;
       }
+      RowScope r(this, i);
       cuda::norm_rope(derope_args(L, o + i * od, ur + i * H * D, 1, pos[i]), s_);
       u = ur;
     }
@@ -1184,7 +1390,8 @@ class CudaBackend final : public Backend {
     return layers_[static_cast<size_t>(c_.n_layers)];
   }
   // The device position in graph mode (kernels read it instead of their pos0 argument), else null.
-  const int64_t* dpos() const { return dyn_ ? dpos_ : nullptr; }
+  // A batched step's ops run row by row (RowScope): row i reads its own position, dpos_[i].
+  const int64_t* dpos() const { return dyn_ ? dpos_ + row_ : nullptr; }
 
   // Replay of a recorded step: the host-side entry counts advance as compressor_step would advance them for the
   // main layers (the MTP block runs eagerly through forward_mtp).
@@ -1608,8 +1815,14 @@ class CudaBackend final : public Backend {
   ModelConfig c_;
   bool official_ = false;
   cudaStream_t s_ = nullptr;
-  int64_t* dpos_ = nullptr;       // the position of the step being run in graph mode (device scalar)
+  // The position of the step being run in graph mode (device scalar; a batched step: one per row).
+  static constexpr int kMaxGraphRows = 64;
+  int64_t* dpos_ = nullptr;
   bool dyn_ = false;              // ops in graph mode: kernels read dpos_, scratch sized for the max context
+  bool batch_step_ = false;       // the graph-mode step is a batched one (begin_decode_batch)
+  int row_ = 0;                   // the row a batched step's per-row op is working on (RowScope)
+  std::vector<std::unique_ptr<DecodeGraph>> batch_graphs_;  // recordings of batched steps, the most recent few
+  uint64_t batch_clock_ = 0;
   bool capturing_ = false;
   DecodeGraph* step_ = nullptr;   // the recording the current begin/end_decode_step pair works on
   uint64_t scratch_gen_ = 0;

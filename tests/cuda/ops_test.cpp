@@ -1444,6 +1444,88 @@ TEST(CudaOps, AttentionDecodeOneToken) {
   run_attention(2, 64, 0, 1, 128);
 }
 // Prefill chunks in official numerics: all heads of a query per block on the tensor cores (attend_tc.cuh).
+// Batched decode attention (attend_batch: every row's single token in one launch of the cluster kernel, grid.z = rows)
+// vs attend() of each row alone: o and the fused window store bit for bit, with the fused inverse RoPE, official and
+// reference, eager (host positions) and graph mode (device positions, capacity-sized scratch), for each layer kind:
+// 4 rows of 4 sequences (own q, kv, ring, cache, top-k) at positions 5 / 130 / 3001 / 8191.
+TEST(CudaOps, AttentionBatchMatchesOneLaunchPerRow) {
+  const int H = 64, W = 128, K = 512, R = 64, n = 4;
+  const int64_t D = 512, cap_ctx = 8192;
+  const int64_t pos[n] = {5, 130, 3001, 8191};
+  ASSERT_GT(cu::attend_cluster_size(D, H), 0) << "the batched launch needs the cluster kernel (an H100/H200 has it)";
+  vector<float> inv(R / 2);
+  for (int k2 = 0; k2 < R / 2; ++k2) inv[k2] = 1.0f / std::pow(10000.0f, 2.0f * k2 / R);
+  DBuf<float> dinv(inv);
+  for (int kind : {0, 1, 2}) {
+    const int ratio = kind == 2 ? 128 : 4;
+    std::mt19937 g(static_cast<unsigned>(41 + kind));
+    vector<vector<float>> q(n), kv(n), ring(n), comp(n);
+    vector<vector<int32_t>> topk(n);
+    for (int i = 0; i < n; ++i) {
+      const int64_t ncomp = (pos[i] + 1) / ratio;
+      q[i] = randn(static_cast<size_t>(H * D), g), kv[i] = randn(static_cast<size_t>(D), g);
+      ring[i] = randn(static_cast<size_t>(W * D), g), comp[i] = randn(static_cast<size_t>(std::max<int64_t>(1, ncomp) * D), g);
+      for (auto* v : {&q[i], &kv[i], &ring[i], &comp[i]}) num::round_bf16(v->data(), static_cast<int64_t>(v->size()));
+      topk[i].assign(K, -1);
+      for (int j = 0; j < K && ncomp > 0; ++j) topk[i][j] = j % 50 == 49 ? -1 : static_cast<int32_t>((j * 7919 + i) % ncomp);
+    }
+    vector<float> sink = randn(H, g);
+    DBuf<float> dsink(sink);
+    DBuf<int32_t> derr(1);
+    for (bool official : {false, true})
+      for (bool graph : {false, true}) {
+        const std::string what = std::string("attention batch kind ") + std::to_string(kind) + (official ? " official" : " reference") +
+                                 (graph ? " graph" : " eager");
+        vector<float> out[2][n], rings[2][n];
+        for (int batched = 0; batched < 2; ++batched) {
+          vector<std::unique_ptr<DBuf<float>>> keep;
+          auto up = [&](const vector<float>& h) { keep.push_back(std::make_unique<DBuf<float>>(h)); return keep.back()->p; };
+          vector<std::unique_ptr<DBuf<int32_t>>> keep_i;
+          vector<int64_t> hpos(pos, pos + n);
+          DBuf<int64_t> dpos(hpos);
+          cu::AttendArgs a[n];
+          cu::AttendBatch b;
+          b.n = n;
+          vector<float*> o(n), rg(n);
+          for (int i = 0; i < n; ++i) {
+            keep_i.push_back(std::make_unique<DBuf<int32_t>>(topk[i]));
+            cu::AttendArgs& x = a[i];
+            x.q = up(q[i]), x.kv = up(kv[i]), rg[i] = up(ring[i]), x.ring = rg[i], x.comp = up(comp[i]);
+            x.topk = kind == 1 ? keep_i.back()->p : nullptr, x.sink = dsink.p;
+            x.n = 1, x.H = H, x.window = W, x.topk_k = kind == 1 ? K : 0, x.ratio = ratio, x.kind = kind, x.D = D;
+            x.pos0 = graph ? 0 : pos[i], x.n_comp = graph ? 0 : (pos[i] + 1) / ratio, x.official = official;
+            x.dpos = graph ? dpos.p + i : nullptr;
+            x.max_rows = cu::attend_max_rows(W, kind, x.topk_k, graph ? cap_ctx : pos[i] + 1, ratio);
+            x.scratch = up(vector<float>(static_cast<size_t>(cu::attend_scratch_floats(x)), 0.0f));
+            o[i] = up(vector<float>(static_cast<size_t>(H * D), std::nanf("")));
+            x.o = o[i], x.err = derr.p, x.store_ring = rg[i], x.derope_inv_freq = dinv.p, x.derope_dim = R;
+            ASSERT_TRUE(cu::attend_batch_ok(x));
+            cu::AttendRow& r = b.r[i];
+            r.q = x.q, r.kv = x.kv, r.ring = x.ring, r.comp = x.comp, r.topk = x.topk, r.o = x.o, r.store_ring = rg[i];
+            r.scratch = x.scratch, r.pos0 = x.pos0, r.n_comp = x.n_comp, r.max_rows = x.max_rows, r.dpos = x.dpos;
+          }
+          if (batched) cu::attend_batch(a[0], b, nullptr);
+          else
+            for (int i = 0; i < n; ++i) cu::attend(a[i], nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+          for (int i = 0; i < n; ++i) {
+            out[batched][i].resize(static_cast<size_t>(H * D)), rings[batched][i].resize(static_cast<size_t>(W * D));
+            cudaMemcpy(out[batched][i].data(), o[i], out[batched][i].size() * 4, cudaMemcpyDeviceToHost);
+            cudaMemcpy(rings[batched][i].data(), rg[i], rings[batched][i].size() * 4, cudaMemcpyDeviceToHost);
+          }
+        }
+        for (int i = 0; i < n; ++i) {
+          for (float v : out[1][i]) ASSERT_TRUE(std::isfinite(v)) << what << " row " << i << ": an output was not written";
+          EXPECT_EQ(std::memcmp(out[1][i].data(), out[0][i].data(), out[0][i].size() * 4), 0)
+              << what << " row " << i << ": rel L2 " << cmp(out[1][i], out[0][i]).rel;
+          EXPECT_EQ(std::memcmp(rings[1][i].data(), rings[0][i].data(), rings[0][i].size() * 4), 0) << what << " row " << i << " ring";
+          EXPECT_NE(std::memcmp(rings[1][i].data(), ring[i].data(), ring[i].size() * 4), 0) << what << " row " << i << ": nothing stored";
+        }
+        EXPECT_EQ(derr.get()[0], 0) << what;
+      }
+  }
+}
+
 TEST(CudaOps, AttentionPrefillTensorCores) {
   run_attention(1, 64, 4093, 24, 4, true);
   run_attention(2, 64, 128 * 70 - 2, 20, 128, true);

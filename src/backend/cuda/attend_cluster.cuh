@@ -32,7 +32,7 @@ __host__ __device__ inline size_t att_cl_smem_bytes(int res, int64_t D) {
 }
 
 template <int CL>
-__global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int res) {
+__device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   // a.rows_before_wait: the first batch of rows is requested before pdl_wait (every row predates the previous kernel;
@@ -176,4 +176,20 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
     for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
+}
+
+template <int CL>
+__global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int res) {
+  attend_cluster_body<CL>(a, res);
+}
+
+// Batched decode (attend_batch): grid.z = the batch's rows, each a single token of its own sequence -- row z's
+// pointers and position replace a's, the rest (the layer) is shared. Every row is exactly attend_cluster_kernel of
+// that token alone (same chunking, same sums), with the rows' clusters in one launch instead of one launch per row.
+template <int CL>
+__global__ void __launch_bounds__(256) attend_cluster_rows_kernel(AttendArgs a, int res, AttendBatch rows) {
+  const AttendRow& r = rows.r[blockIdx.z];
+  a.q = r.q, a.kv = r.kv, a.ring = r.ring, a.comp = r.comp, a.topk = r.topk, a.o = r.o, a.store_ring = r.store_ring;
+  a.scratch = r.scratch, a.pos0 = r.pos0, a.n_comp = r.n_comp, a.dpos = r.dpos, a.max_rows = r.max_rows;
+  attend_cluster_body<CL>(a, res);
 }

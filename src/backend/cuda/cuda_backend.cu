@@ -812,19 +812,8 @@ class CudaBackend final : public Backend {
     OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
     DevLayerState& S = seq(sst, layer);
-    cuda::AttendArgs a;
-    a.kind = L.kind == AttnKind::CSA ? 1 : (L.kind == AttnKind::HCA ? 2 : 0);
-    if (a.kind == 2 && (pos0 + n) / L.ratio > S.n_comp)
-      fail("attention: HCA entries missing at position ", pos0 + n - 1);
-    if (a.kind == 1 && !topk) fail("attention: CSA layer ", layer, " called without top-k");
-    a.q = q, a.kv = kv, a.ring = S.ring, a.comp = S.comp, a.topk = topk, a.sink = L.sink;
-    a.n = n, a.H = heads(), a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
-    a.D = c_.head_dim, a.pos0 = pos0, a.n_comp = S.n_comp, a.official = official_;
-    // Graph mode: scratch and launch shape for the sequence's capacity; the kernels use the step's actual rows.
-    a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, dyn_ ? sst.max_context() : pos0 + n, a.ratio);
-    a.dpos = dpos();
+    cuda::AttendArgs a = attend_args(layer, q, kv, topk, n, pos0, sst, o);
     a.scratch = scratch(14, static_cast<size_t>(cuda::attend_scratch_floats(a)));
-    a.o = o, a.err = err_;
     // Decode: the attention's merge kernel also stores the token's kv row into the ring, so the window_store that
     // the model issues next with the same arguments has nothing left to launch (one kernel boundary fewer).
     const bool fuse_store = n == 1 && cuda::attend_store_fuse_enabled();
@@ -1015,13 +1004,73 @@ class CudaBackend final : public Backend {
       idx_scores_pending_ = true;
     }
   }
+  // Batched: every row's single-token attention in one launch of the cluster kernel (cuda::attend_batch; each row
+  // exactly attend() of that token alone), with the fused window store and inverse RoPE as attend() does them.
+  // Otherwise (more rows than one launch takes, TP, the split-KV path) attend() per row.
   void attend_rows(int layer, const float* q, const float* kv, const int32_t* topk, int n, const int64_t* pos,
                    SequenceState* const* sts, float* o) override {
     const RowDims& d = row_dims();
-    for (int i = 0; i < n; ++i) {
-      RowScope r(this, i);
-      attend(layer, q + i * d.q, kv + i * d.kv, topk ? topk + i * d.topk : nullptr, 1, pos[i], *sts[i], o + i * d.o);
+    std::vector<cuda::AttendArgs> as;
+    if (n >= 2 && n <= cuda::kAttendMaxBatch && batched_rows(n)) {
+      for (int i = 0; i < n; ++i) {
+        RowScope r(this, i);
+        as.push_back(attend_args(layer, q + i * d.q, kv + i * d.kv, topk ? topk + i * d.topk : nullptr, 1, pos[i],
+                                 *sts[i], o + i * d.o));
+      }
     }
+    if (as.empty() || !cuda::attend_batch_ok(as[0])) {
+      for (int i = 0; i < n; ++i) {
+        RowScope r(this, i);
+        attend(layer, q + i * d.q, kv + i * d.kv, topk ? topk + i * d.topk : nullptr, 1, pos[i], *sts[i], o + i * d.o);
+      }
+      return;
+    }
+    join_attn_side();
+    OpScope prof(this, "attend");
+    const DevLayer& L = lay(layer);
+    std::vector<size_t> off(static_cast<size_t>(n) + 1, 0);
+    for (int i = 0; i < n; ++i)  // each row's own scratch, 16-byte aligned
+      off[static_cast<size_t>(i) + 1] = off[static_cast<size_t>(i)] + (static_cast<size_t>(cuda::attend_scratch_floats(as[static_cast<size_t>(i)])) + 3) / 4 * 4;
+    float* sc = scratch(14, off.back());
+    const bool fuse_store = cuda::attend_store_fuse_enabled();
+    const bool derope = cuda::attend_derope_fuse_enabled() && cuda::attend_derope_fusable(as[0]);
+    cuda::AttendBatch b;
+    b.n = n;
+    for (int i = 0; i < n; ++i) {
+      const cuda::AttendArgs& a = as[static_cast<size_t>(i)];
+      cuda::AttendRow& r = b.r[i];
+      r.q = a.q, r.kv = a.kv, r.ring = a.ring, r.comp = a.comp, r.topk = a.topk, r.o = a.o;
+      r.store_ring = fuse_store ? const_cast<float*>(a.ring) : nullptr;
+      r.scratch = sc + off[static_cast<size_t>(i)];
+      r.pos0 = a.pos0, r.n_comp = a.n_comp, r.max_rows = a.max_rows, r.dpos = a.dpos;
+    }
+    cuda::AttendArgs base = as[0];
+    if (derope) base.derope_inv_freq = L.inv_freq, base.derope_dim = static_cast<int>(c_.rope_dim);
+    cuda::attend_batch(base, b, s_);
+    for (int i = 0; i < n; ++i) {
+      if (fuse_store) stored_rows_.push_back(StoredRow{b.r[i].store_ring, kv + i * d.kv, pos[i]});
+      if (derope) deroped_.push_back(Deroped{layer, o + i * d.o, pos[i]});
+    }
+  }
+  // attend()'s arguments for n tokens of sst from pos0 (graph mode: the device position of the current row), all but
+  // the scratch and the fusions; the host-side checks of the caches.
+  cuda::AttendArgs attend_args(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
+                               SequenceState& sst, float* o) {
+    const DevLayer& L = lay(layer);
+    DevLayerState& S = seq(sst, layer);
+    cuda::AttendArgs a;
+    a.kind = L.kind == AttnKind::CSA ? 1 : (L.kind == AttnKind::HCA ? 2 : 0);
+    if (a.kind == 2 && (pos0 + n) / L.ratio > S.n_comp)
+      fail("attention: HCA entries missing at position ", pos0 + n - 1);
+    if (a.kind == 1 && !topk) fail("attention: CSA layer ", layer, " called without top-k");
+    a.q = q, a.kv = kv, a.ring = S.ring, a.comp = S.comp, a.topk = topk, a.sink = L.sink;
+    a.n = n, a.H = heads(), a.window = c_.window, a.topk_k = c_.index_topk, a.ratio = std::max(L.ratio, 1);
+    a.D = c_.head_dim, a.pos0 = pos0, a.n_comp = S.n_comp, a.official = official_;
+    // Graph mode: scratch and launch shape for the sequence's capacity; the kernels use the step's actual rows.
+    a.max_rows = cuda::attend_max_rows(a.window, a.kind, a.topk_k, dyn_ ? sst.max_context() : pos0 + n, a.ratio);
+    a.dpos = dpos();
+    a.o = o, a.err = err_;
+    return a;
   }
   void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts) override {
     const RowDims& d = row_dims();

@@ -3396,6 +3396,9 @@ int attend_cluster_16_fits() {
   allow_smem(attend_cluster_kernel<16>, sm);
   DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_kernel<16>),
                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  allow_smem(attend_cluster_rows_kernel<16>, sm);  // the batched launch's kernel: the same clusters
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16>),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(16, 4);
   cfg.blockDim = dim3(256);
@@ -3458,6 +3461,46 @@ int64_t attend_wg_scratch_floats(const AttendArgs& a) {
 }  // namespace
 void set_attend_wg(bool on) { g_attend_wg.store(on, std::memory_order_relaxed); }
 bool attend_wg_enabled() { return g_attend_wg.load(std::memory_order_relaxed); }
+
+std::atomic<bool> g_attend_batch_on{switch_on("DSV4_ATTEND_BATCH")};
+bool attend_batch_ok(const AttendArgs& a) {
+  return g_attend_batch_on.load(std::memory_order_relaxed) && a.n == 1 && !attend_uses_tc(a) &&
+         attend_cluster_for(a.D, a.H) > 0;
+}
+
+void attend_batch(const AttendArgs& a, const AttendBatch& b, cudaStream_t s) {
+  if (b.n <= 0 || b.n > kAttendMaxBatch) fail("attention: a batch of ", b.n, " rows (1..", kAttendMaxBatch, ")");
+  if (!attend_batch_ok(a)) fail("attention: the batched launch takes one token per row on the cluster kernel");
+  if (a.derope_inv_freq && (a.derope_dim <= 0 || a.derope_dim % 2 != 0 || a.derope_dim > a.D || (a.D - a.derope_dim) % 2 != 0))
+    fail("attention: the fused inverse RoPE needs an even rope dim <= the head dim (", a.derope_dim, ")");
+  int64_t max_rows = 0;
+  for (int i = 0; i < b.n; ++i) {
+    const AttendRow& r = b.r[i];
+    if (!aligned16(r.q) || !aligned16(r.kv) || !aligned16(r.ring) || !aligned16(r.comp) || !aligned16(r.scratch) || !aligned16(r.o))
+      fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned (batch row ", i, ")");
+    if (r.store_ring && r.store_ring != r.ring) fail("attention: the fused window store takes the row's own ring");
+    if (a.kind == 1 && !r.topk) fail("attention: CSA batch row ", i, " without top-k");
+    max_rows = std::max(max_rows, r.max_rows);
+  }
+  // As attend()'s single-token cluster launch, for the largest capacity among the rows (res only sizes the resident
+  // row tiles: every row's chunking is its own, computed in the kernel).
+  const int cl = attend_cluster_for(a.D, a.H);
+  const AttSplit sp = att_split(1, a.H, max_rows);
+  const int64_t per = (sp.nchunks > cl ? (sp.nchunks + cl - 1) / cl : 1) * static_cast<int64_t>(sp.rows_per_chunk);
+  const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
+  const size_t sm = att_cl_smem_bytes(res, a.D);
+  const dim3 grid(static_cast<unsigned>(cl), static_cast<unsigned>((a.H + kAttHeads - 1) / kAttHeads), static_cast<unsigned>(b.n));
+  AttendArgs base = a;
+  base.rows_before_wait = false;
+  if (cl == 16) {
+    allow_smem(attend_cluster_rows_kernel<16>, sm);
+    launch_clustered(16, attend_cluster_rows_kernel<16>, grid, 256, sm, s, base, res, b);
+  } else {
+    allow_smem(attend_cluster_rows_kernel<8>, sm);
+    launch_clustered(8, attend_cluster_rows_kernel<8>, grid, 256, sm, s, base, res, b);
+  }
+  DSV4_LAUNCHED();
+}
 
 bool attend_derope_fusable(const AttendArgs& a) {
   return attend_uses_tc(a) ? attend_wg_enabled() : a.n == 1;

@@ -311,6 +311,25 @@ struct AttendArgs {
   bool rows_before_wait = false;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
+// Batched decode: one token of each of up to kAttendMaxBatch sequences in ONE launch of the single-token cluster
+// kernel (grid.z = rows). A row's own pointers and position (pos0 / n_comp / dpos as in AttendArgs; scratch of
+// attend_scratch_floats(1, H, D, max_rows) floats, its own); the layer's fields (kind, H, D, window, ratio, topk_k,
+// sink, official, derope, err) and n = 1 come from `a`. Each row gets exactly attend() of that token alone.
+constexpr int kAttendMaxBatch = 8;
+struct AttendRow {
+  const float *q = nullptr, *kv = nullptr, *ring = nullptr, *comp = nullptr;
+  const int32_t* topk = nullptr;
+  float *o = nullptr, *store_ring = nullptr, *scratch = nullptr;
+  int64_t pos0 = 0, n_comp = 0, max_rows = 0;
+  const int64_t* dpos = nullptr;
+};
+struct AttendBatch {
+  int n = 0;
+  AttendRow r[kAttendMaxBatch];
+};
+// Whether attend_batch takes `a` (one token on the cluster kernel); DSV4_ATTEND_BATCH=0: never (A/B).
+bool attend_batch_ok(const AttendArgs& a);
+void attend_batch(const AttendArgs& a, const AttendBatch& rows, cudaStream_t s);
 bool attend_rows_early_enabled();
 void set_attend_rows_early(bool on);
 // Official prefill chunks (n >= kGemmMinTokens, eager, D 512, <= 64 heads, prefill GEMM paths on): the tensor-core

@@ -77,6 +77,30 @@ __device__ __forceinline__ void stage_x_qa8_f16_rows(const float* __restrict__ x
   }
 }
 
+// GX (grouped wo_a of batched decode): x is used as it is, not quantized -- official numerics has it in BF16 -- so each
+// 128-block is staged as f16 after a power-of-two scale s that puts its largest magnitude in [2^14, 2^15): a BF16
+// value (8 significant bits) is then exact in f16 down to 2^-31 of the block's largest, and a smaller one is off by
+// at most 2^-40 of it (f16 subnormal rounding), far below fp32's own rounding of the sums. q * s = x otherwise.
+__device__ __forceinline__ void exact_f16_block(const float* __restrict__ x, int64_t b, __half* xq, float* xsc) {
+  const int lane = threadIdx.x & 31;
+  const float4 v = __ldg(reinterpret_cast<const float4*>(x) + b * 32 + lane);
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  const float s = amax > 0.0f ? pow2_ceil(amax / 32768.0f) : 1.0f, inv = 1.0f / s;
+  const __half2 lo = __floats2half2_rn(v.x * inv, v.y * inv), hi = __floats2half2_rn(v.z * inv, v.w * inv);
+  *reinterpret_cast<uint2*>(xq + b * 128 + lane * 4) =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  if (lane == 0) xsc[b] = s;
+}
+__device__ __forceinline__ void stage_x_exact_f16_rows(const float* __restrict__ x, int64_t ldx, int nt, int64_t K, int64_t xs,
+                                                       __half* xq, float* xsc) {
+  const int nw = blockDim.x >> 5;
+  const int64_t KB = K / 128;
+  for (int64_t i = threadIdx.x >> 5; i < nt * KB; i += nw) {
+    const int64_t j = i / KB, b = i - j * KB;
+    exact_f16_block(x + j * ldx, b, xq + j * xs, xsc + j * KB);
+  }
+}
+
 // The decode kernel's pieces. tc_issue_step: one lane's copies of a 16-row tile's 128-column step (rg:
 // row g's bytes at the step, row g + 8 at rg + 8 K), chunks t and t + 4 of both rows, into ring slot lslot.
 __device__ __forceinline__ void tc_issue_step(uint4* ring, int lslot, int tid, const uint8_t* rg, int64_t K) {
@@ -237,7 +261,11 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
 // product (weight scale x token j's QA8 scale) and FMA order, the K-slice partials summed in the same order -- so each
 // token's outputs are the single-token kernel's bits (the op test compares them, unrounded). S: ring stages (6 down to
 // 3, the most that fit beside n staged rows).
-template <int S>
+// GX: the grouped form (a.group_rows output rows per group, group g reading x at + g a.group_x_off; W.in columns)
+// with x staged exactly (exact_f16_block) instead of QA8: batched decode's wo_a, whose BF16 input official numerics
+// multiplies unquantized. A block step's tiles lie in one group (the launcher checks); the block restages x where
+// the next block step enters another group.
+template <int S, bool GX = false>
 __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, int64_t out, LinearArgs a, int wpt) {
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
@@ -252,7 +280,16 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, i
   TcWalk<S> w = tc_walk<S>(static_cast<const uint8_t*>(W.w), K, ntiles, wpt, warp, gridDim.x, blockIdx.x);
   w.prologue(ring, tid, g, t);
   pdl_wait();
-  stage_x_qa8_f16_rows(a.x, a.ldx, nt, K, xs, xq, xsc);
+  int64_t staged = -1;  // GX: the group whose x slice is staged
+  auto stage_group = [&](int64_t first_tile) {
+    const int64_t grp = first_tile * 16 / a.group_rows;
+    if (grp == staged) return false;
+    stage_x_exact_f16_rows(a.x + grp * a.group_x_off, a.ldx, nt, K, xs, xq, xsc);
+    staged = grp;
+    return true;
+  };
+  if constexpr (GX) stage_group(min(w.tile_of(0) - w.ts, ntiles - 1));
+  else stage_x_qa8_f16_rows(a.x, a.ldx, nt, K, xs, xq, xsc);
   __syncthreads();
   int64_t cit = 0;
   int ck = 0, cslot = 0;
@@ -295,6 +332,10 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_n_kernel(WRow W, i
       __syncthreads();
       ck = 0;
       ++cit;
+      if constexpr (GX) {  // the same decision in every warp (block-level values): the barrier is collective
+        const int64_t next = w.tile_of(cit) - w.ts;
+        if (next < ntiles && stage_group(next)) __syncthreads();
+      }
     }
   }
   cp_async_wait<0>();

@@ -2914,6 +2914,23 @@ bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a) {
          tc_gemv_n_cap(W.in, smem) > 1;
 }
 
+// Batched decode's grouped wo_a (official numerics: x BF16, multiplied unquantized) on the same multi-token kernel with
+// x staged exactly (gemv_tc_fp8_n_kernel<S, true>): 2 .. kGemmMinTokens - 1 tokens, FP8, whole 256-row groups (a block
+// step's tiles stay in one group), 16-byte aligned slices. DSV4_GEMV_TC_GROUPED=0: the FMA kernels (A/B).
+namespace {
+std::atomic<bool> g_tc_gemv_grouped_on{switch_on("DSV4_GEMV_TC_GROUPED")};
+}  // namespace
+void set_gemv_tc_grouped(bool on) { g_tc_gemv_grouped_on.store(on, std::memory_order_relaxed); }
+bool gemv_tc_grouped_eligible(const DevLinear& W, const LinearArgs& a) {
+  const size_t smem = smem_optin();
+  return g_tc_gemv_on.load(std::memory_order_relaxed) && g_tc_gemv_n_on.load(std::memory_order_relaxed) &&
+         g_tc_gemv_grouped_on.load(std::memory_order_relaxed) && a.n >= 2 && a.n < kGemmMinTokens && !a.qa8_x &&
+         a.x_bf16_exact && a.group_rows > 0 && a.group_rows % 256 == 0 && W.out % a.group_rows == 0 &&
+         fmt_of(W.fmt) == kFP8 && W.in % 128 == 0 && a.ldx % 4 == 0 && a.group_x_off % 4 == 0 &&
+         (W.out / a.group_rows - 1) * a.group_x_off + W.in <= a.ldx && a.ldy >= W.out && aligned16(W.w) &&
+         aligned16(a.x) && tc_gemv_smem(W.in) <= smem && tc_gemv_n_cap(W.in, smem) > 1;
+}
+
 // The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
 // spreads a short matrix over more warps); grouped ones need whole tiles per group and at most one group per SM.
 bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
@@ -2944,6 +2961,41 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
       case kF16: launch(linear_kernel<kF16>, grid, 256, 0, s, r, W.out, a); break;
       case kFP8: launch(linear_kernel<kFP8>, grid, 256, 0, s, r, W.out, a); break;
       case kFP4: launch(linear_kernel<kFP4>, grid, 256, 0, s, r, W.out, a); break;
+    }
+    DSV4_LAUNCHED();
+    return;
+  }
+  if (gemv_tc_grouped_eligible(W, a)) {
+    const size_t smem = smem_optin();
+    const int cap = tc_gemv_n_cap(W.in, smem);
+    if (a.n > cap) {  // launches of cap tokens, as below
+      for (int j = 0; j < a.n; j += cap) {
+        LinearArgs c = a;
+        c.x = a.x + static_cast<int64_t>(j) * a.ldx, c.y = a.y + static_cast<int64_t>(j) * a.ldy, c.n = std::min(cap, a.n - j);
+        gemv(W, c, s);
+      }
+      return;
+    }
+    // K slices per tile: as few as leave one block step per block (one staging of x), at most K / 128.
+    const int64_t tiles = W.out / 16;
+    const int64_t per_blk = (tiles + sm_count() - 1) / sm_count();
+    int wpt = kTcgWarps;
+    while (wpt > 1 && (wpt > W.in / 128 || kTcgWarps / wpt < per_blk)) wpt /= 2;
+    if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
+    const int64_t per_block = kTcgWarps / wpt;
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
+    const int S = tc_gemv_n_stages(W.in, a.n, smem);
+    auto go = [&](auto kern) {
+      const size_t sm = tc_gemv_n_smem(S, W.in, a.n);
+      allow_smem(kern, sm);
+      launch(kern, grid, kTcgThreads, sm, s, r, W.out, a, wpt);
+    };
+    switch (S) {
+      case 6: go(gemv_tc_fp8_n_kernel<6, true>); break;
+      case 5: go(gemv_tc_fp8_n_kernel<5, true>); break;
+      case 4: go(gemv_tc_fp8_n_kernel<4, true>); break;
+      case 3: go(gemv_tc_fp8_n_kernel<3, true>); break;
+      default: fail("gemv: no ring stage count fits ", a.n, " tokens of K = ", W.in);
     }
     DSV4_LAUNCHED();
     return;

@@ -83,6 +83,11 @@ bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a);
 void set_gemv_tc(bool on);
 void set_gemv_tc_n(bool on);
 bool gemv_tc_eligible(const DevLinear& W, const LinearArgs& a);
+// Batched decode's grouped wo_a (2-15 tokens, x_bf16_exact, no qa8_x, FP8 groups of whole 256 rows) on the same
+// multi-token tensor-core kernel with x staged exactly (a power-of-two scale per 128-block into f16; see
+// gemv_tc.cuh): the FMA kernels' function up to fp32 summation order. DSV4_GEMV_TC_GROUPED=0 / false: FMA kernels.
+bool gemv_tc_grouped_eligible(const DevLinear& W, const LinearArgs& a);
+void set_gemv_tc_grouped(bool on);
 constexpr int kGemmMinTokens = 16;
 // The prefill GEMM paths (this dense GEMM, the grouped expert kernels, the tensor-core prefill attention) on or
 // off, process-wide; default on,

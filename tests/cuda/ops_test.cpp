@@ -1039,6 +1039,83 @@ TEST(CudaOps, Mxfp4DecodeExpertsMma) {
   cu::set_shared_expert_mma(true);  // the defaults
   cu::set_expert_f16(true);
 }
+// Batched decode's routed experts on the single-token f16 MMA walk (expert_rows_*: two tokens' 12 slots per launch) at
+// V4-Flash shapes, n = 2 / 3 / 4 / 7 tokens (odd counts: a last launch of one token): act and y bit for bit what the
+// single-token launch computes for each token alone (the same walk over the same tiles), and within summation-order
+// noise of the per-slot kernels it replaces; official numerics (QA8 staged, BF16 roundings).
+TEST(CudaOps, Mxfp4BatchedExpertsOnTheMmaWalk) {
+  const int64_t d = 4096, I = 2048;
+  const int E = 12, k = 6;
+  std::mt19937 g(43);
+  vector<cu::DevLinear> mats;
+  vector<cu::DevExpert> table;
+  for (int e = 0; e < E; ++e) {
+    for (int m = 0; m < 3; ++m) mats.push_back(cu::upload_linear(make_linear(WeightFormat::MXFP4, m == 2 ? d : I, m == 2 ? I : d, g)->ref));
+    table.push_back(cu::make_dev_expert(mats[mats.size() - 3], mats[mats.size() - 2], mats.back()));
+  }
+  DBuf<cu::DevExpert> dtable(table);
+  for (int n : {2, 3, 4, 7}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    vector<int32_t> sel;
+    vector<float> wts;
+    std::uniform_real_distribution<float> uw(0.05f, 0.4f);
+    for (int t = 0; t < n; ++t) {
+      vector<int32_t> ids(E);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), g);
+      for (int j = 0; j < k; ++j) sel.push_back(ids[j]), wts.push_back(uw(g));
+    }
+    DBuf<int32_t> dsel(sel);
+    DBuf<float> dwts(wts), dx(randn(static_cast<size_t>(n * d), g, 0.05f));
+    cu::ExpertArgs a;
+    a.table = dtable.p, a.fmt = WeightFormat::MXFP4, a.d = d, a.I = I, a.sb1 = d / 32, a.sb2 = I / 32;
+    a.x = dx.p, a.n = n, a.k = k, a.sel = dsel.p, a.wts = dwts.p, a.limit = 10.0f, a.official = true;
+    const size_t na = static_cast<size_t>(n * k * I), ny = static_cast<size_t>(n * k * d);
+    ASSERT_TRUE(cu::expert_rows_ok(a));
+    ASSERT_EQ(cu::expert_rows_per_launch(a), 2);
+    // The batched launches.
+    DBuf<float> act(na), y(ny);
+    {
+      cu::ExpertArgs b = a;
+      b.act = act.p, b.qa8_x = true;
+      cu::expert_rows_gate_up(b, nullptr);
+      b.act_q = act.p, b.qa8_act = true, b.y = y.p;
+      cu::expert_rows_down(b, nullptr);
+    }
+    // Each token alone on the single-token launch.
+    DBuf<float> act1(na), y1(ny);
+    for (int t = 0; t < n; ++t) {
+      cu::ExpertArgs b = a;
+      b.n = 1, b.x = dx.p + t * d, b.sel = dsel.p + t * k, b.wts = dwts.p + t * k, b.qa8_x = true;
+      b.act = act1.p + t * k * I;
+      ASSERT_GE(cu::expert_mma_mode_used(b, true), 1) << "the single-token MMA walk runs";
+      cu::expert_gate_up(b, nullptr);
+      b.act_q = b.act, b.qa8_act = true, b.y = y1.p + t * k * d;
+      cu::expert_down(b, nullptr);
+    }
+    // The per-slot kernels of n tokens (what batched decode ran before), on QA8'd inputs as the backend feeds them.
+    DBuf<float> actp(na), yp(ny), xq(static_cast<size_t>(n * d)), aq(na);
+    {
+      cu::qa8_rows(dx.p, n, d, xq.p, nullptr);
+      cu::ExpertArgs b = a;
+      b.x = xq.p, b.act = actp.p;
+      cu::expert_gate_up(b, nullptr);
+      cu::qa8_rows(actp.p, n * k, I, aq.p, nullptr);
+      b.act_q = aq.p, b.y = yp.p;
+      cu::expert_down(b, nullptr);
+    }
+    const auto ga = act.get(), gy = y.get(), wa = act1.get(), wy = y1.get(), pa = actp.get(), py = yp.get();
+    for (float v : gy) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(std::memcmp(ga.data(), wa.data(), na * 4), 0) << "act vs each token alone: rel L2 " << cmp(ga, wa).rel;
+    EXPECT_EQ(std::memcmp(gy.data(), wy.data(), ny * 4), 0) << "y vs each token alone: rel L2 " << cmp(gy, wy).rel;
+    const double ea = cmp(ga, pa).rel, ey = cmp(gy, py).rel;
+    std::printf("[op] batched MMA experts n=%d vs the per-slot kernels: act rel L2 %.3g, y rel L2 %.3g\n", n, ea, ey);
+    EXPECT_LE(ea, 1e-2);
+    EXPECT_LE(ey, 1e-2);
+  }
+  for (auto& m : mats) cu::free_linear(m);
+}
+
 void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
   cu::set_shared_expert_mma(shared);
   std::mt19937 g(41);

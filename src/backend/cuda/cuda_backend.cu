@@ -1267,26 +1267,39 @@ class CudaBackend final : public Backend {
     // paths get them from QA8 kernels.
     part.reset();
     part.emplace(this, "moe/gate_up", true);
-    if (official_ && lowp) {
-      a.qa8_x = cuda::expert_gate_up_stages_x(a);
-      if (!a.qa8_x) a.x = qa8_x();
+    // Batched decode: the routed experts of several tokens per launch on the single-token MMA walk (expert_rows_*),
+    // which quantizes x and act while staging.
+    const bool rows = n >= 2 && tp_ == 1 && official_ && lowp && !fuse && !a.perm && cuda::expert_rows_ok(a);
+    if (rows) {
+      a.qa8_x = true;
+      cuda::expert_rows_gate_up(a, s_);
+    } else {
+      if (official_ && lowp) {
+        a.qa8_x = cuda::expert_gate_up_stages_x(a);
+        if (!a.qa8_x) a.x = qa8_x();
+      }
+      cuda::expert_gate_up(a, s_);
     }
-    cuda::expert_gate_up(a, s_);
     part.reset();
     part.emplace(this, "moe/down", true);
     a.act_q = a.act;
-    if (official_ && lowp) {
-      a.qa8_act = cuda::expert_down_stages_x(a);
-      if (!a.qa8_act) {
-        const int rows = n * k + (fuse ? 1 : 0);  // the fused shared expert's act row too
-        float* q = scratch(18, static_cast<size_t>(rows) * I);
-        cuda::qa8_rows(a.act, rows, I, q, s_);
-        a.act_q = q;
-      }
-    }
     a.y = ybuf;
-    a.official = official_ && tp_ == 1;
-    cuda::expert_down(a, s_);
+    if (rows) {
+      a.qa8_act = true;
+      cuda::expert_rows_down(a, s_);
+    } else {
+      if (official_ && lowp) {
+        a.qa8_act = cuda::expert_down_stages_x(a);
+        if (!a.qa8_act) {
+          const int rows_q = n * k + (fuse ? 1 : 0);  // the fused shared expert's act row too
+          float* q = scratch(18, static_cast<size_t>(rows_q) * I);
+          cuda::qa8_rows(a.act, rows_q, I, q, s_);
+          a.act_q = q;
+        }
+      }
+      a.official = official_ && tp_ == 1;
+      cuda::expert_down(a, s_);
+    }
     part.reset();
     a.official = official_;
     if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done

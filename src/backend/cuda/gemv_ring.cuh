@@ -233,14 +233,16 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   // expert's (natural order) after the routed rows (xs2, as for the FMA walks).
   float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);
   uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
-  float* xscales = reinterpret_cast<float*>(xcodes + (F16R ? 2 : 1) * (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I));
+  // (a.x_rows > 1: the batched launch of expert_rows_*, gate/up staging x_rows rows of x, F16R without a shared walk)
+  float* xscales = reinterpret_cast<float*>(xcodes + (F16R ? 2 : 1) * (GATE_UP ? a.x_rows * a.d : static_cast<int64_t>(k) * a.I));
   uint8_t* xc2 = reinterpret_cast<uint8_t*>(xs2);
   float* xsc2 = reinterpret_cast<float*>(xc2 + (GATE_UP ? a.d : a.I));
   auto stage_routed_m = [&] {
     if constexpr (F16R) {
       __half* xh = reinterpret_cast<__half*>(xcodes);
       if (GATE_UP) {
-        stage_x_f16p(a.x, a.d, xh, xscales);
+        for (int r = 0; r < a.x_rows; ++r)
+          stage_x_f16p(a.x + r * a.d, a.d, xh + r * a.d, xscales + r * (a.d / 128));
       } else {
         for (int j = 0; j < k; ++j)
           stage_x_f16p(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xh + static_cast<int64_t>(j) * a.I,
@@ -432,11 +434,15 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
           sc = static_cast<const uint8_t*>(E.s2) + row * a.sb2;
         }
       };
+      // gate/up of x_rows > 1 rows: slot j reads row j / (k / x_rows) (k / x_rows slots per token, in token order).
+      auto xrow = [&](int64_t t) { return static_cast<int>(t) / static_cast<int>(per_m) / (k / a.x_rows); };
       auto xcode = [&](int64_t t) -> const uint8_t* {  // F16R: 2 bytes per staged column
-        return GATE_UP ? xcodes : xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
+        if (GATE_UP) return a.x_rows == 1 ? xcodes : xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(xrow(t)) * a.d;
+        return xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
       };
       auto xscale = [&](int64_t t) -> const float* {
-        return GATE_UP ? xscales : xscales + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * (a.I / 128);
+        if (GATE_UP) return a.x_rows == 1 ? xscales : xscales + static_cast<int64_t>(xrow(t)) * (a.d / 128);
+        return xscales + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * (a.I / 128);
       };
       auto flush_m = [&](int64_t t, float v0, float v8) {  // lanes with t4 == 0: rows g and g + 8 of the tile
         const int g = lane >> 2, j = static_cast<int>(t) / static_cast<int>(per_m);

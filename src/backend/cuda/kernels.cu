@@ -4014,6 +4014,50 @@ void launch_expert_ring(const ExpertArgs& a, int blk, const DevLinear* shared, c
   }
   DSV4_LAUNCHED();
 }
+// Batched decode's routed experts on the single-token f16 MMA walk (ops.h: expert_rows_ok). The launch is the
+// MMA-only F16R kernel without a shared walk (mode 1, one K part), its activation region sized for the f16 codes it
+// holds (2 bytes a column + a scale per 128) rather than fp32 -- two tokens' 12 act rows fit beside the ring that way.
+std::atomic<bool> g_expert_rows_on{switch_on("DSV4_EXPERT_ROWS")};
+int expert_rows_per_launch(const ExpertArgs& a) { return a.k > 0 ? kTilesMaxK / a.k : 0; }
+static size_t expert_rows_smem(const ExpertArgs& a, int tokens, bool gate_up) {
+  const int64_t cols = gate_up ? static_cast<int64_t>(tokens) * a.d : static_cast<int64_t>(tokens) * a.k * a.I;
+  return kRingBytes + static_cast<size_t>(cols) * 2 + static_cast<size_t>(cols / 128) * 4;
+}
+bool expert_rows_ok(const ExpertArgs& a) {
+  const int m = expert_rows_per_launch(a);
+  return g_expert_rows_on.load(std::memory_order_relaxed) && g_ring_on.load(std::memory_order_relaxed) &&
+         g_expert_mma_only_on.load(std::memory_order_relaxed) && g_expert_f16_on.load(std::memory_order_relaxed) &&
+         a.n >= 2 && a.n < kGemmMinTokens && m >= 2 && a.fmt == WeightFormat::MXFP4 && a.official && !a.shared13 &&
+         !a.shared2 && !a.perm && !a.tiles && a.d % 128 == 0 && a.I % 128 == 0 && a.sb1 % 4 == 0 && a.sb2 % 4 == 0 &&
+         ring_format_ok(a.fmt, a.sb1) && ring_format_ok(a.fmt, a.sb2) && g_expert_mma_on.load(std::memory_order_relaxed) &&
+         expert_rows_smem(a, m, true) + kRingStaticBytes <= smem_optin() &&
+         expert_rows_smem(a, m, false) + kRingStaticBytes <= smem_optin() && aligned16(a.x) && aligned16(a.act_q ? a.act_q : a.act);
+}
+template <bool GATE_UP>
+static void expert_rows_launch(const ExpertArgs& a, cudaStream_t s) {
+  if (!expert_rows_ok(a)) fail(GATE_UP ? "expert_gate_up" : "expert_down", ": the batched MMA launch does not take these arguments");
+  if (GATE_UP ? !a.qa8_x : !a.qa8_act) fail("expert rows: the launch quantizes its input while staging (qa8 flag)");
+  const int m = expert_rows_per_launch(a);
+  using C = RingA;
+  auto kern = expert_ring_kernel<kFP4, GATE_UP, C, true, true>;
+  for (int t0 = 0; t0 < a.n; t0 += m) {
+    const int nt = std::min(m, a.n - t0);
+    ExpertArgs f = a;  // tokens t0 .. t0 + nt as one token's nt * k slots
+    f.n = 1, f.k = nt * a.k, f.x_rows = GATE_UP ? nt : 1;
+    f.x = a.x + static_cast<int64_t>(t0) * a.d;
+    f.sel = a.sel + static_cast<int64_t>(t0) * a.k, f.wts = a.wts ? a.wts + static_cast<int64_t>(t0) * a.k : nullptr;
+    f.act = a.act + static_cast<int64_t>(t0) * a.k * a.I;
+    f.act_q = a.act_q ? a.act_q + static_cast<int64_t>(t0) * a.k * a.I : nullptr;
+    f.y = a.y ? a.y + static_cast<int64_t>(t0) * a.k * a.d : nullptr;
+    const size_t sm = expert_rows_smem(a, nt, GATE_UP);
+    allow_smem(kern, expert_rows_smem(a, m, GATE_UP));
+    launch(kern, dim3(static_cast<unsigned>(sm_count())), C::T, sm, s, f, fp4_block(a.fmt), WRow{}, false, 1, 1, false, false, false);
+    DSV4_LAUNCHED();
+  }
+}
+void expert_rows_gate_up(const ExpertArgs& a, cudaStream_t s) { expert_rows_launch<true>(a, s); }
+void expert_rows_down(const ExpertArgs& a, cudaStream_t s) { expert_rows_launch<false>(a, s); }
+
 void set_expert_ksplit(bool on) { g_expert_ksplit_on.store(on, std::memory_order_relaxed); }
 int expert_mma_parts(const ExpertArgs& a, bool gate_up) {
   if (!g_expert_ksplit_on.load(std::memory_order_relaxed) || expert_mma_mode_used(a, gate_up) == 0) return 1;

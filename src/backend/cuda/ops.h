@@ -442,7 +442,17 @@ struct ExpertArgs {
   // Every expert of the table has its tile-major copies (DevExpert::t13 / t2): the decode MMA walk reads those
   // instead of the row-major rows (same bytes, same arithmetic: bit-identical results).
   bool tiles = false;
+  // Internal to expert_rows_gate_up: the single-token launch over several tokens' slots, x holding x_rows rows.
+  int x_rows = 1;
 };
+// Batched decode (2 .. kGemmMinTokens - 1 tokens, official MXFP4 experts staged with QA8, no fused shared expert):
+// the routed experts on the single-token f16 MMA walk, several tokens' k slots per launch (up to 16 slots: two
+// tokens of V4's 6), instead of the per-slot kernels. act / y as expert_gate_up / expert_down write them ([n, k, I],
+// [n, k, d]); the same function up to summation order. DSV4_EXPERT_ROWS=0: the per-slot kernels (A/B).
+bool expert_rows_ok(const ExpertArgs& a);
+void expert_rows_gate_up(const ExpertArgs& a, cudaStream_t s);  // a.x raw, a.qa8_x
+void expert_rows_down(const ExpertArgs& a, cudaStream_t s);     // a.act_q raw act, a.qa8_act
+int expert_rows_per_launch(const ExpertArgs& a);                // tokens per launch
 // Fills t13 (tile_bytes(true, d, I) bytes) and t2 (tile_bytes(false, d, I)) with expert e's tile-major copies
 // (expert_tiles.h), asynchronously on s. MXFP4 only, d and I multiples of 128; anything else throws.
 void build_expert_tiles(const DevExpert& e, WeightFormat fmt, int64_t d, int64_t I, int64_t sb1, int64_t sb2,

@@ -1213,7 +1213,16 @@ class CudaBackend final : public Backend {
       t.x = x, t.act = act, t.act_q = act, t.shared13 = &L.sw13, t.shared2 = &L.sw2;
       fuse = cuda::expert_ring_shared_ok(t) && (!(official_ && lowp_e) || (cuda::expert_gate_up_stages_x(t) && cuda::expert_down_stages_x(t)));
     }
-    const bool fork = !fuse && L.has_shared && n == 1 && L.sw13.w && moe_fork_enabled();
+    // Batched decode (n >= 2): the routed experts on the MMA walk (expert_rows_*, decided here: it quantizes x itself,
+    // so the shared expert's branch is the only user of qa8_x() and may run beside the routed launches too).
+    bool rows = false;
+    if (n >= 2 && n < cuda::kGemmMinTokens && tp_ == 1 && official_ && lowp_e) {
+      cuda::ExpertArgs t;
+      t.table = L.table, t.fmt = L.efmt, t.d = d, t.I = I, t.sb1 = L.esb1, t.sb2 = L.esb2, t.tiles = L.tiles;
+      t.x = x, t.n = n, t.k = k, t.official = true, t.act = act;
+      rows = cuda::expert_rows_ok(t);
+    }
+    const bool fork = !fuse && L.has_shared && (n == 1 || rows) && L.sw13.w && moe_fork_enabled();
     float* ys = nullptr;
     if (fork) {
       DSV4_CU(cudaEventRecord(fork_ev_, s_));
@@ -1269,7 +1278,7 @@ class CudaBackend final : public Backend {
     part.emplace(this, "moe/gate_up", true);
     // Batched decode: the routed experts of several tokens per launch on the single-token MMA walk (expert_rows_*),
     // which quantizes x and act while staging.
-    const bool rows = n >= 2 && tp_ == 1 && official_ && lowp && !fuse && !a.perm && cuda::expert_rows_ok(a);
+    if (rows && !cuda::expert_rows_ok(a)) fail("moe: the batched expert launch was planned but does not take the arguments");
     if (rows) {
       a.qa8_x = true;
       cuda::expert_rows_gate_up(a, s_);

@@ -215,10 +215,14 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // F16R (MMA_ONLY launches only; DSV4_EXPERT_F16, default): the routed MXFP4 walk on f16 MMAs (mma_walk F16) with its
 // activation staged as f16 (stage_x_f16p; 2 bytes per column where the E4M3 codes took 1, inside the same fp32-sized
 // region), the shared expert's walk unchanged.
-template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false, bool F16R = false>
+// XROWS (F16R only; the batched launch of expert_rows_*): gate/up stages a.x_rows rows of x, slot j reading row
+// j / (k / x_rows); a separate instantiation so that the single-token kernels keep their code.
+template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false, bool F16R = false, bool XROWS = false>
 __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
                                                            bool balance, bool batch) {
   static_assert(!F16R || MMA_ONLY, "the f16 routed walk is instantiated on the MMA-only kernel");
+  static_assert(!XROWS || F16R, "several x rows: the f16 walk only");
+  const int x_rows = XROWS ? a.x_rows : 1;
   if constexpr (MMA_ONLY) {
     if (mma == 0 || (has_sh && mma != 2)) __trap();  // a launch this variant has no walk for: an error, never a wrong result
   }
@@ -234,15 +238,17 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   float* xs2 = xs + (GATE_UP ? a.d : static_cast<int64_t>(k) * a.I);
   uint8_t* xcodes = reinterpret_cast<uint8_t*>(xs);
   // (a.x_rows > 1: the batched launch of expert_rows_*, gate/up staging x_rows rows of x, F16R without a shared walk)
-  float* xscales = reinterpret_cast<float*>(xcodes + (F16R ? 2 : 1) * (GATE_UP ? a.x_rows * a.d : static_cast<int64_t>(k) * a.I));
+  float* xscales = reinterpret_cast<float*>(xcodes + (F16R ? 2 : 1) * (GATE_UP ? x_rows * a.d : static_cast<int64_t>(k) * a.I));
   uint8_t* xc2 = reinterpret_cast<uint8_t*>(xs2);
   float* xsc2 = reinterpret_cast<float*>(xc2 + (GATE_UP ? a.d : a.I));
   auto stage_routed_m = [&] {
     if constexpr (F16R) {
       __half* xh = reinterpret_cast<__half*>(xcodes);
-      if (GATE_UP) {
-        for (int r = 0; r < a.x_rows; ++r)
+      if (GATE_UP && XROWS) {
+        for (int r = 0; r < x_rows; ++r)
           stage_x_f16p(a.x + r * a.d, a.d, xh + r * a.d, xscales + r * (a.d / 128));
+      } else if (GATE_UP) {
+        stage_x_f16p(a.x, a.d, xh, xscales);
       } else {
         for (int j = 0; j < k; ++j)
           stage_x_f16p(a.act_q + static_cast<int64_t>(j) * a.I, a.I, xh + static_cast<int64_t>(j) * a.I,
@@ -435,14 +441,14 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         }
       };
       // gate/up of x_rows > 1 rows: slot j reads row j / (k / x_rows) (k / x_rows slots per token, in token order).
-      auto xrow = [&](int64_t t) { return static_cast<int>(t) / static_cast<int>(per_m) / (k / a.x_rows); };
+      [[maybe_unused]] auto xrow = [&](int64_t t) { return static_cast<int>(t) / static_cast<int>(per_m) / (k / x_rows); };
       auto xcode = [&](int64_t t) -> const uint8_t* {  // F16R: 2 bytes per staged column
-        if (GATE_UP) return a.x_rows == 1 ? xcodes : xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(xrow(t)) * a.d;
-        return xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
+        if constexpr (GATE_UP && XROWS) return xcodes + 2 * static_cast<int64_t>(xrow(t)) * a.d;
+        return GATE_UP ? xcodes : xcodes + (F16R ? 2 : 1) * static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * a.I;
       };
       auto xscale = [&](int64_t t) -> const float* {
-        if (GATE_UP) return a.x_rows == 1 ? xscales : xscales + static_cast<int64_t>(xrow(t)) * (a.d / 128);
-        return xscales + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * (a.I / 128);
+        if constexpr (GATE_UP && XROWS) return xscales + static_cast<int64_t>(xrow(t)) * (a.d / 128);
+        return GATE_UP ? xscales : xscales + static_cast<int64_t>(static_cast<int>(t) / static_cast<int>(per_m)) * (a.I / 128);
       };
       auto flush_m = [&](int64_t t, float v0, float v8) {  // lanes with t4 == 0: rows g and g + 8 of the tile
         const int g = lane >> 2, j = static_cast<int>(t) / static_cast<int>(per_m);

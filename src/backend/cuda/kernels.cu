@@ -4039,7 +4039,7 @@ static void expert_rows_launch(const ExpertArgs& a, cudaStream_t s) {
   if (GATE_UP ? !a.qa8_x : !a.qa8_act) fail("expert rows: the launch quantizes its input while staging (qa8 flag)");
   const int m = expert_rows_per_launch(a);
   using C = RingA;
-  auto kern = expert_ring_kernel<kFP4, GATE_UP, C, true, true>;
+  auto kern = expert_ring_kernel<kFP4, GATE_UP, C, true, true, GATE_UP>;  // down stages per slot as it always does
   for (int t0 = 0; t0 < a.n; t0 += m) {
     const int nt = std::min(m, a.n - t0);
     ExpertArgs f = a;  // tokens t0 .. t0 + nt as one token's nt * k slots

@@ -919,7 +919,8 @@ class CudaBackend final : public Backend {
     RowScope(CudaBackend* be, int i) : b(be) { b->row_ = i; }
     ~RowScope() { b->row_ = 0; }
   };
-  // The Backend's row loops (the single-sequence op per row), each row under its RowScope.
+  // The *_rows ops below fall back to the Backend's row loop (the single-sequence op per row), each row under its
+  // RowScope, where their batched form does not apply.
   // Batched: the projections of all n rows as one GEMV over the stored wkv|wgate pair (its weights stream once per step,
   // not once per row), then each row's compressor kernel. On attn_qkv_rows' side branch like the single-row op.
   void compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,

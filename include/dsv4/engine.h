@@ -21,6 +21,10 @@ struct EngineOptions {
   int tp = 1;                           // cuda: tensor-parallel GPUs 0..tp-1 (1, 2, 4, 8)
   int64_t max_context = 4096;           // per-session state is sized from this up front
   int prefill_chunk = 0;                // tokens per prefill forward (at most max_context); 0: default_prefill_chunk
+  // Speculative decoding: "none", or "mtp" -- one draft token per step from the checkpoint's MTP block (mtp.0.*),
+  // verified by one forward of two tokens (Session::draft / append_verify / resolve_draft; generate() uses them).
+  // The output is the one plain decoding gives (the same tokens from the same logits and sampler draws).
+  std::string speculative = "none";
 };
 
 // The prefill chunk an engine takes when EngineOptions::prefill_chunk is 0: on CUDA 8,192 tokens (at most max_context
@@ -80,6 +84,22 @@ class Session {
   int64_t last_computed() const { return last_computed_; }
   // Called after each prefill chunk with (tokens done, tokens to do) of the running sync(); for progress bars.
   void set_progress(std::function<void(int64_t, int64_t)> fn) { progress_ = std::move(fn); }
+
+  // Speculative decoding (EngineOptions::speculative == "mtp"), one draft token per step:
+  //   d = draft(next)          the MTP block's greedy guess of the token after `next` (the token about to be
+  //                            appended), or -1 when this step cannot speculate (then append(next) as usual): not a
+  //                            speculative engine, the session's last forward was a batch or another forward's, the
+  //                            context has no room for two more tokens, or the step would skip a snapshot position.
+  //   append_verify(next, d)   ONE forward of [next, d]; logits() are then those after `next` (what append(next)
+  //                            gives); the session holds `d` provisionally.
+  //   resolve_draft(accepted)  true: keeps `d` (logits() become those after it); false: drops it, leaving the session
+  //                            exactly as append(next) leaves it (bit-identical logits on the CPU).
+  // Nothing else may run on the session between append_verify and resolve_draft.
+  bool speculative() const;
+  int32_t draft(int32_t next);
+  void append_verify(int32_t next, int32_t draft);
+  void resolve_draft(bool accepted);
+  bool draft_pending() const;
 
  private:
   friend class Engine;

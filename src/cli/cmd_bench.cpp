@@ -179,7 +179,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                "dsv4 bench"};
   std::string which, format = "instruct", json_path;
   int layers = 0, batch = 1, tp = 1, chunk = 0, steps = 30, profile_steps = 0, trace_steps = 0;
-  bool profile_prefill = false;
+  bool profile_prefill = false, speculative = false;
   int64_t context = 8192, prompt = -1;
   app.add_option("--synthetic", which, "flash|pro: random weights with the release's shapes and formats")
       ->required()->check(CLI::IsMember({"flash", "pro"}));
@@ -196,6 +196,10 @@ int cmd_bench(const std::vector<std::string>& args) {
   app.add_option("--format", format, "instruct (FP8 + MXFP4 experts) | base (FP8 everywhere) | nvfp4")
       ->check(CLI::IsMember({"instruct", "base", "nvfp4"}));
   app.add_option("--json", json_path, "also write the results as JSON to this file");
+  app.add_flag("--speculative", speculative,
+               "also build the MTP block and time speculative decoding's two parts at the context: the MTP draft "
+               "(one block + LM head) and the verify forward of [token, draft] (with its rollback); prints the tok/s "
+               "they give at a few acceptance rates (random weights cannot measure one)");
   app.add_option("--profile-steps", profile_steps,
                  "after the timing, run this many decode steps (graph replays, no LM head) between "
                  "cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tools/gpu/profile_decode.sh)")
@@ -230,7 +234,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::fprintf(stderr, "[bench] streaming read on cuda:0: %.0f GB/s\n", bw / 1e9);
 
   auto t0 = Clock::now();
-  dsv4::SyntheticCheckpoint syn = dsv4::make_synthetic_checkpoint(which, layers, format);
+  dsv4::SyntheticCheckpoint syn = dsv4::make_synthetic_checkpoint(which, layers, format, 1, speculative);
   const dsv4::ModelConfig cfg = syn.cfg;
   dsv4::CudaOptions opts;
   std::unique_ptr<dsv4::Backend> backend;
@@ -250,7 +254,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   // Random prompt tokens (a fixed seed: runs are comparable).
   std::mt19937 rng(7);
   // Capacity: the single-sequence decode (2 x (steps + 2) + 3 profiled steps), then the batched steps (steps + 2).
-  const int64_t capacity = context + 4 * static_cast<int64_t>(steps) + 32 + trace_steps + 2 + profile_steps;
+  const int64_t capacity = context + 5 * static_cast<int64_t>(steps) + 40 + trace_steps + 2 + profile_steps;
   std::vector<int32_t> ids(static_cast<size_t>(capacity));
   for (auto& t : ids) t = static_cast<int32_t>(rng() % 128000u + 100u);
   auto st = be->new_sequence(capacity);
@@ -325,6 +329,32 @@ int cmd_bench(const std::vector<std::string>& args) {
     prof = dsv4::cuda_op_profile(*be);
     dsv4::cuda_set_op_profiling(*be, false);
     std::fprintf(stderr, "[bench] per-op profile done\n");
+  }
+  // Speculative decoding's parts at this context (Session::draft / append_verify): the verify forward of two tokens
+  // (the rejected case: prepare_drop_last + forward + drop_last, so the sequence advances one token per rep, as a
+  // rejected draft does) with both rows' logits downloaded, then the MTP block's draft for the kept position (one
+  // block + its LM head pass, last row's logits downloaded). Host-timed, synchronous (the downloads), median.
+  double verify_us = 0, draft_us = 0;
+  if (speculative) {
+    dsv4::Forward vf(model, 2);
+    std::vector<float> l2(2 * static_cast<size_t>(cfg.vocab_size)), lm(static_cast<size_t>(cfg.vocab_size));
+    std::vector<double> tv, td;
+    for (int i = 0; i < steps + 2; ++i) {
+      auto a = Clock::now();
+      st->prepare_drop_last();
+      vf.forward(*st, &ids[static_cast<size_t>(pos)], 2, pos, l2.data(), false);
+      st->drop_last();
+      be->synchronize();
+      const double v = secs(a, Clock::now()) * 1e6;
+      a = Clock::now();
+      vf.forward_mtp(*st, &ids[static_cast<size_t>(pos + 1)], 1, pos, lm.data(), true);
+      const double d = secs(a, Clock::now()) * 1e6;
+      ++pos;
+      if (i >= 2) tv.push_back(v), td.push_back(d);  // the first two: warm-up (scratch growth, lazy loading)
+    }
+    verify_us = median(tv), draft_us = median(td);
+    std::fprintf(stderr, "[bench] speculative: verify forward of 2 tokens median %.1f us, MTP draft median %.1f us\n",
+                 verify_us, draft_us);
   }
   if (trace_steps > 0) print_trace(model, *be, step, trace_steps, median(t_layers), layers, tp);
   if (profile_steps > 0) {  // the same recorded graph as the timed steps, so the profiler sees exactly those kernels
@@ -422,6 +452,15 @@ int cmd_bench(const std::vector<std::string>& args) {
                 "batch 1: %.1f us)\n", batch, batch_step_us, batch * 1e6 / batch_step_us, batch_step_us / batch, full_us);
   std::printf("  -> %d layers: %.1f tok/s; extrapolated to %d layers: %.1f tok/s (this run's layer mix scaled)\n", layers,
               1e6 / full_us, full.n_layers, 1e6 / full_depth_step_us);
+  if (speculative) {
+    // A cycle = one MTP draft + one verify forward; it yields 1 + a tokens at acceptance rate a.
+    const double cycle = verify_us + draft_us;
+    std::printf("  speculative (MTP, 1 draft): verify forward of 2 tokens %.1f us (%.2fx the plain step with head), "
+                "MTP draft %.1f us\n", verify_us, verify_us / full_us, draft_us);
+    std::printf("    tok/s at %d layers by acceptance rate (modeled from the two timings; plain %.1f):", layers, 1e6 / full_us);
+    for (double a : {0.5, 0.7, 0.8, 0.9}) std::printf("  %.0f%%: %.1f", a * 100, (1 + a) * 1e6 / cycle);
+    std::printf("\n");
+  }
   std::printf("  prefill %lld tokens (chunk %d) %8.2f s = %.0f tok/s; extrapolated to %d layers: %.0f tok/s\n",
               (long long)prompt, chunk, prefill_s, prefill_tps, full.n_layers, prefill_tps_full);
   std::printf("    (the process's first prefill, %lld tokens, cold: %.2f s = %.0f tok/s)\n", (long long)cold_n, cold_s,
@@ -458,7 +497,8 @@ int cmd_bench(const std::vector<std::string>& args) {
                       {"decode_tok_s", 1e6 / full_us}, {"decode_tok_s_full_depth", 1e6 / full_depth_step_us},
                       {"prefill_s", prefill_s}, {"prefill_tok_s", prefill_tps}, {"prefill_cold_tokens", cold_n}, {"prefill_cold_s", cold_s}, {"prefill_tok_s_full_depth", prefill_tps_full},
                       {"load_s", load_s}, {"batch", batch}, {"batch_step_us", batch_step_us},
-                      {"batch_tok_s", batch > 1 ? batch * 1e6 / batch_step_us : 0.0}};
+                      {"batch_tok_s", batch > 1 ? batch * 1e6 / batch_step_us : 0.0},
+                      {"spec_verify_us", verify_us}, {"spec_draft_us", draft_us}};
   nlohmann::json ops = nlohmann::json::object();
   for (const auto& [n, ms] : prof) ops[n] = ms * 1e3;
   j["decode_op_us"] = ops;

@@ -61,7 +61,8 @@ int cmd_run(const std::vector<std::string>& args) {
               {"finish_reason", r.finish_reason},
               {"timings", {{"prompt_tokens", t.prompt_tokens}, {"generated_tokens", t.generated_tokens},
                            {"ttft_s", t.ttft_s}, {"prefill_s", t.prefill_s}, {"decode_s", t.decode_s},
-                           {"prefill_tok_s", t.prefill_tok_s()}, {"decode_tok_s", t.decode_tok_s()}}}};
+                           {"prefill_tok_s", t.prefill_tok_s()}, {"decode_tok_s", t.decode_tok_s()},
+                           {"draft_tokens", t.draft_tokens}, {"accepted_drafts", t.accepted_drafts}}}};
     std::printf("%s\n", o.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   } else {
     printer.finish();
@@ -69,6 +70,9 @@ int cmd_run(const std::vector<std::string>& args) {
   std::fprintf(stderr, "[dsv4] prompt %lld tok, generated %lld tok (%s), ttft %.3f s, prefill %.1f tok/s, decode %.1f tok/s\n",
                (long long)t.prompt_tokens, (long long)t.generated_tokens, r.finish_reason.c_str(), t.ttft_s,
                t.prefill_tok_s(), t.decode_tok_s());
+  if (t.draft_tokens > 0)
+    std::fprintf(stderr, "[dsv4] speculative: %lld of %lld draft tokens accepted (%.1f %%)\n", (long long)t.accepted_drafts,
+                 (long long)t.draft_tokens, 100.0 * static_cast<double>(t.accepted_drafts) / static_cast<double>(t.draft_tokens));
   return 0;
 }
 

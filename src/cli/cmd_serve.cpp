@@ -17,7 +17,7 @@ namespace {
 
 int cmd_serve(const std::vector<std::string>& args) {
   CLI::App app{"OpenAI-compatible HTTP server (chat completions, completions, models, health, metrics)", "dsv4 serve"};
-  std::string model, backend = "cpu", numerics = "reference";
+  std::string model, backend = "cpu", numerics = "reference", speculative = "none";
   int64_t max_context = 4096;
   int tp = 1;
   dsv4::server::SchedulerOptions so;
@@ -34,6 +34,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   auto* chunk_opt = app.add_option("--prefill-chunk", so.prefill_chunk,
                                    "prompt tokens per scheduling step, one forward pass (default: 2048 on CUDA, 256 on the CPU)")
                         ->check(CLI::PositiveNumber);
+  app.add_option("--speculative", speculative,
+                 "none|mtp: a lone decoding request drafts one token per step with the MTP block (same output)")
+      ->check(CLI::IsMember({"none", "mtp"}));
   app.add_option("--api-key", ho.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   app.add_option("--served-model-name", ho.served_model_name, "model id reported by /v1/models and accepted in requests");
   // Test hook (docs/SERVER.md): lets a request script its completion text; hidden from --help on purpose.
@@ -64,6 +67,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   eo.tp = tp;
   eo.max_context = max_context;
   eo.prefill_chunk = so.prefill_chunk;  // a scheduling step's prompt tokens run as one forward
+  eo.speculative = speculative;
   auto engine = dsv4::Engine::load(eo);
   auto tok = dsv4::text::Tokenizer::from_file(model + "/tokenizer.json");
   if (tok.vocab_size() > engine->info().vocab_size)

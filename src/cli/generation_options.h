@@ -25,6 +25,7 @@ struct GenerationFlags {
   int tp = 1;
   int max_tokens = 256;
   int prefill_chunk = 0;  // 0: dsv4::default_prefill_chunk
+  std::string speculative = "none";
   int64_t max_context = 4096;
   SamplingParams s;
   std::vector<std::string> stop;
@@ -52,6 +53,10 @@ struct GenerationFlags {
     app.add_option("--prefill-chunk", prefill_chunk,
                    "prompt tokens per forward pass (default: 8192 on CUDA, at most --max-context; 256 on the CPU)")
         ->check(CLI::PositiveNumber);
+    app.add_option("--speculative", speculative,
+                   "none|mtp: mtp drafts one token per step with the checkpoint's MTP block and verifies it in the same "
+                   "forward (same output as none)")
+        ->check(CLI::IsMember({"none", "mtp"}));
   }
 
   // Sampling defaults from the model's generation_config.json (temperature / top_p / top_k) for every flag the user
@@ -77,6 +82,7 @@ struct GenerationFlags {
     o.tp = tp;
     o.max_context = max_context;
     o.prefill_chunk = prefill_chunk;
+    o.speculative = speculative;
     ProgressBar bar("loading");
     bar.message(("loading " + model + " ...").c_str());  // weights are mmapped, then prepared by the backend
     Loaded l{Engine::load(o), text::Tokenizer::from_file(model + "/tokenizer.json")};

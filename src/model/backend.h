@@ -49,7 +49,7 @@ class SequenceState {
   // checks a chunk's start position against it; whoever calls reset()/restore() sets it (Session does), since
   // backends implement those. A chunk at position 0 is always accepted (a fresh or reset sequence).
   int64_t tokens() const { return tokens_; }
-  void set_tokens(int64_t n) { tokens_ = n; }
+  void set_tokens(int64_t n) { tokens_ = n, ++sets_; }
   virtual int64_t max_context() const = 0;
   virtual void reset() = 0;  // back to an empty sequence (state must be re-initialised per sequence)
   // Rollback support for prefix reuse. A backend without it makes sessions recompute from position 0 (correct,
@@ -58,8 +58,24 @@ class SequenceState {
   virtual std::unique_ptr<StateSnapshot> snapshot() const;
   virtual void restore(const StateSnapshot& s);
 
+  // Speculative decoding with one draft token (Session): prepare_drop_last() right before a forward of exactly two
+  // tokens; drop_last() after it leaves the state exactly as a forward of the FIRST token alone would have. Cheap by
+  // construction -- no copy of the window rings: a dropped token's ring slot (and its compressor row) held a position
+  // no later query can see, and the next token at that position overwrites it before anything reads it. What the
+  // dropped token can change that the state after the first token still needs is saved by prepare_drop_last(): the
+  // entry counts, and the overlapping compressors' previous window (which an emission replaces). A backend without it
+  // makes speculation unavailable; supports_drop_last() says which.
+  virtual bool supports_drop_last() const { return false; }
+  void prepare_drop_last();
+  void drop_last();
+  // The backend's part of the two above (a composite state -- tensor parallelism -- forwards them to its parts):
+  virtual void save_for_drop();               // what drop_last() needs, taken before the two-token forward
+  virtual void undo_last(int64_t dropped);    // undo the token at position `dropped` (the two-token forward's second)
+
  private:
   int64_t tokens_ = 0;
+  int64_t drop_base_ = -1;  // tokens() at prepare_drop_last(); -1: none pending
+  int64_t sets_ = 0, drop_sets_ = 0;  // set_tokens() calls, and their count at prepare_drop_last()
 };
 
 // Row strides (elements per token) of the activations the *_rows ops exchange; Forward sets them.

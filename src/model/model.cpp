@@ -8,6 +8,26 @@ namespace dsv4 {
 
 std::unique_ptr<StateSnapshot> SequenceState::snapshot() const { fail("this backend's sequence state has no snapshots"); }
 void SequenceState::restore(const StateSnapshot&) { fail("this backend's sequence state has no snapshots"); }
+void SequenceState::save_for_drop() { fail("this backend's sequence state cannot drop a token (no speculative decoding)"); }
+void SequenceState::undo_last(int64_t) { fail("this backend's sequence state cannot drop a token (no speculative decoding)"); }
+
+void SequenceState::prepare_drop_last() {
+  if (tokens_ < 0) fail("prepare_drop_last: the sequence state is inconsistent (a forward failed)");
+  save_for_drop();
+  drop_base_ = tokens_;
+  drop_sets_ = sets_;
+}
+
+void SequenceState::drop_last() {
+  // Only right after prepare_drop_last() and ONE two-token forward: anything else (no prepare, a forward of another
+  // size, a failed forward, a reset/restore in between) would leave a state that holds neither sequence.
+  if (drop_base_ < 0 || tokens_ != drop_base_ + 2 || sets_ != drop_sets_ + 1)
+    fail("drop_last: the state did not just run a two-token forward after prepare_drop_last (tokens ", tokens_,
+         ", prepared at ", drop_base_, ")");
+  undo_last(drop_base_ + 1);
+  tokens_ = drop_base_ + 1, ++sets_;
+  drop_base_ = -1;
+}
 
 
 void Backend::hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) {
@@ -173,6 +193,7 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   if (n <= 0 || n > max_chunk_) fail("batch of ", n, " sequences does not fit the forward's max chunk ", max_chunk_);
+  last_state_ = nullptr;  // X_ is about to hold several sequences' rows: no forward_mtp after a batch
   for (int i = 0; i < n; ++i) {
     if (!sts[i]) fail("batch row ", i, " has no sequence");
     for (int j = 0; j < i; ++j)
@@ -218,19 +239,23 @@ void Forward::check_position(const SequenceState& st, int64_t pos0, int n) const
     fail("chunk starts at position ", pos0, " but the sequence holds ", st.tokens(), " tokens");
 }
 
-void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits) {
+void Forward::forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits, bool last_only) {
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   if (!m_.weights().mtp) fail("this checkpoint has no MTP block (mtp.0.*)");
-  if (n != last_n_ || pos0 != last_pos0_) fail("forward_mtp must follow forward() of the same chunk");
+  if (n <= 0 || !holds_streams(st, pos0) || !holds_streams(st, pos0 + n - 1))
+    fail("forward_mtp must follow forward() of a chunk of the same sequence that covers its positions");
   for (int i = 0; i < n; ++i)
     if (next_ids[i] < 0 || next_ids[i] >= c.vocab_size) fail("MTP token id ", next_ids[i], " is out of range");
+  const size_t row = static_cast<size_t>(c.hc_mult) * static_cast<size_t>(c.hidden);
+  const int rows = last_only ? 1 : n;
+  float* lg = logits ? logits_for(rows) : nullptr;
   b.upload_i32(mtp_ids_, next_ids, static_cast<size_t>(n));
-  b.mtp_input(mtp_ids_, X_, n, Y_);
+  b.mtp_input(mtp_ids_, X_ + static_cast<size_t>(pos0 - last_pos0_) * row, n, Y_);
   block(c.n_layers, Y_, n, pos0, st, true, true);
-  float* lg = logits_for(n);
-  b.mtp_head(Y_, n, lg);
-  b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+  if (!logits) return;
+  b.mtp_head(Y_ + static_cast<size_t>(n - rows) * row, rows, lg);
+  b.download_f32(logits, lg, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
 }
 
 void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0, float* logits, bool last_only) {
@@ -254,6 +279,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
     }
   } catch (...) {
     st.set_tokens(-1);
+    last_state_ = nullptr;
     if (n == 1) b.end_decode_step(false);
     throw;
   }
@@ -261,6 +287,7 @@ void Forward::forward(SequenceState& st, const int32_t* ids, int n, int64_t pos0
   st.set_tokens(pos0 + n);
   last_n_ = n;
   last_pos0_ = pos0;
+  last_state_ = &st;
   if (logits) b.download_f32(logits, lg, static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
 }
 

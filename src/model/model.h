@@ -50,9 +50,16 @@ class Forward {
   // Per row the result is what forward(*sts[i], &ids[i], 1, pos[i], ...) computes (bit-identical on the CPU); the
   // position-free ops run once over all n rows (one pass over the weights). n == 1 is forward().
   void forward_batch(SequenceState* const* sts, const int32_t* ids, const int64_t* pos, int n, float* logits);
-  // MTP draft logits for the chunk just run by forward(): position t's main streams + token t+1 (next_ids[i] is the
-  // token after ids[i]) predict token t+2. Uses (and advances) the MTP block's own window state in `st`.
-  void forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits);
+  // MTP draft logits for positions [pos0, pos0 + n) of the chunk just run by forward() on `st` (any consecutive run of
+  // its rows): position t's main streams + token t+1 (next_ids[i] is the token after position pos0 + i) predict token
+  // t + 2. Uses (and advances) the MTP block's own window state in `st`, so a sequence's MTP positions must be run in
+  // order. logits: [n, vocab] host memory, only the last row's when last_only, or nullptr for none (the LM head is
+  // then skipped: a prompt's MTP window is filled without it).
+  void forward_mtp(SequenceState& st, const int32_t* next_ids, int n, int64_t pos0, float* logits, bool last_only = false);
+  // Whether the last forward() ran on `st` and covered position `pos` (forward_mtp can start there).
+  bool holds_streams(const SequenceState& st, int64_t pos) const {
+    return last_state_ == &st && pos >= last_pos0_ && pos < last_pos0_ + last_n_;
+  }
 
   // Debugging/A-B hook: called after every sub-layer with the residual streams X[n, hc, d] (backend memory; copy with
   // Backend::download_f32). site is "attn" or "ffn". Only multi-token chunks are observed: a single-token step may
@@ -71,6 +78,7 @@ class Forward {
   // Backend-memory activations.
   int last_n_ = -1;
   int64_t last_pos0_ = -1;
+  const SequenceState* last_state_ = nullptr;  // the sequence of the last forward (its streams are in X_)
   float *X_, *Y_, *x_, *post_, *comb_, *qr_, *q_, *kv_, *o_, *y_;
   // Logits in backend memory: one row (decode steps, last-row prefill; a recorded decode graph keeps writing to this
   // buffer, so it never moves), and [max_chunk, vocab] allocated on first need.

@@ -78,18 +78,23 @@ bool is_scale(const std::string& name) {
 
 }  // namespace
 
-ModelConfig truncate_layers(const ModelConfig& c, int layers) {
+ModelConfig truncate_layers(const ModelConfig& c, int layers, bool keep_mtp) {
   if (layers < 1 || layers > c.n_layers) fail("--layers must be in [1, ", c.n_layers, "] (got ", layers, ")");
   ModelConfig t = c;
   t.n_layers = layers;
-  t.n_mtp_layers = 0;
+  t.n_mtp_layers = keep_mtp ? c.n_mtp_layers : 0;
   t.compress_ratios.resize(static_cast<size_t>(layers));
   t.attn_kinds.resize(static_cast<size_t>(layers));
+  for (int m = 0; m < t.n_mtp_layers; ++m) {  // the MTP blocks' entries follow the main layers'
+    t.compress_ratios.push_back(c.compress_ratios.at(static_cast<size_t>(c.n_layers + m)));
+    t.attn_kinds.push_back(c.attn_kinds.at(static_cast<size_t>(c.n_layers + m)));
+  }
   t.n_hash_layers = std::min(t.n_hash_layers, layers);
   return t;
 }
 
-SyntheticCheckpoint make_synthetic_checkpoint(const std::string& which, int layers, const std::string& format, uint64_t seed) {
+SyntheticCheckpoint make_synthetic_checkpoint(const std::string& which, int layers, const std::string& format, uint64_t seed,
+                                              bool with_mtp) {
   ModelConfig full;
   if (which == "flash") full = flash_config();
   else if (which == "pro") full = pro_config();
@@ -99,8 +104,8 @@ SyntheticCheckpoint make_synthetic_checkpoint(const std::string& which, int laye
   else if (format == "base") f = ReleaseFormat::base();
   else if (format == "nvfp4") f = ReleaseFormat::nvfp4();
   else fail("synthetic format must be instruct, base or nvfp4 (got '", format, "')");
-  f.with_mtp = false;
-  ModelConfig cfg = truncate_layers(full, layers);
+  f.with_mtp = with_mtp;
+  ModelConfig cfg = truncate_layers(full, layers, with_mtp);
   const std::vector<InventoryTensor> inv = official_inventory(cfg, f);
 
   auto pools = std::make_shared<Pools>();

@@ -14,16 +14,17 @@
 namespace dsv4 {
 
 struct SyntheticCheckpoint {
-  ModelConfig cfg;          // the release config cut to `layers` main layers (no MTP block)
+  ModelConfig cfg;          // the release config cut to `layers` main layers (+ the MTP block if asked)
   ckpt::Checkpoint ckpt;    // in-memory; views into `pools`
   std::shared_ptr<void> pools;
 };
 
-// which: "flash" or "pro"; format: instruct (FP8 + MXFP4 experts), base, or nvfp4. Throws on bad arguments.
+// which: "flash" or "pro"; format: instruct (FP8 + MXFP4 experts), base, or nvfp4. with_mtp: the MTP block too (the
+// speculative-decoding bench). Throws on bad arguments.
 SyntheticCheckpoint make_synthetic_checkpoint(const std::string& which, int layers, const std::string& format = "instruct",
-                                              uint64_t seed = 1);
+                                              uint64_t seed = 1, bool with_mtp = false);
 
-// The first `layers` main layers of a config (ratios, kinds; MTP entries dropped).
-ModelConfig truncate_layers(const ModelConfig& c, int layers);
+// The first `layers` main layers of a config (ratios, kinds), and its MTP entries when keep_mtp.
+ModelConfig truncate_layers(const ModelConfig& c, int layers, bool keep_mtp = false);
 
 }  // namespace dsv4

@@ -31,8 +31,15 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
   if (o.prefill_chunk == 0) e->opts_.prefill_chunk = default_prefill_chunk(o.backend, o.max_context);
   // A forward never holds more tokens than a session can: a larger chunk would only size buffers nothing fills.
   e->opts_.prefill_chunk = static_cast<int>(std::min<int64_t>(e->opts_.prefill_chunk, o.max_context));
+  if (o.speculative != "none" && o.speculative != "mtp")
+    fail("unknown speculative decoding method '", o.speculative, "' (none | mtp)");
   e->model_ = std::make_unique<Model>(o.model_dir, make_backend(o.backend, o.tp), parse_numerics(o.numerics));
   const ModelConfig& c = e->model_->config();
+  if (o.speculative == "mtp") {
+    if (!e->model_->weights().mtp) fail("--speculative mtp: ", o.model_dir, " has no MTP block (mtp.0.*)");
+    if (!e->model_->backend().new_sequence(1)->supports_drop_last())
+      fail("--speculative mtp: the ", o.backend, " backend cannot drop a rejected draft token");
+  }
   if (o.max_context > c.max_position_embeddings)
     fail("max context ", o.max_context, " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
   e->info_ = ModelInfo{c.vocab_size, c.eos_token_id, c.bos_token_id, c.n_layers, o.backend, o.numerics};
@@ -85,6 +92,12 @@ struct Session::Impl {
   // its reasoning dropped diverges just before the previous generation prompt, so this makes the rollback cheap.
   std::unique_ptr<StateSnapshot> tail;
   int64_t tail_pos = -1;
+  // Speculative decoding (Session::draft / append_verify / resolve_draft).
+  const bool spec;
+  int64_t mtp_next = 0;            // the next position the MTP block runs at (its window ring is filled in order)
+  bool pending = false;            // append_verify ran, resolve_draft not yet
+  std::vector<float> logits2;      // [2, vocab] of the verify forward; then the logits after the draft
+  std::vector<float> mtp_logits;   // the draft's [vocab]
   // Snapshot bookkeeping after a forward that ended at position p (shared by run() and append_batch()).
   void after_chunk(int64_t p, int64_t tail_at) {
     if (!state->supports_snapshots()) return;
@@ -99,8 +112,18 @@ struct Session::Impl {
       : engine(e),
         interval(snapshot_interval(e.options().prefill_chunk)),
         state(e.model().backend().new_sequence(e.options().max_context)),
-        fwd(e.model(), 1),
-        logits(static_cast<size_t>(e.info().vocab_size)) {}
+        fwd(e.model(), e.options().speculative == "mtp" ? 2 : 1),  // speculation: [next, draft] on the own Forward
+        logits(static_cast<size_t>(e.info().vocab_size)),
+        spec(e.options().speculative == "mtp") {}
+  // The MTP block at positions [from, to) of the chunk `f` just ran (their next tokens known): only the last
+  // `window` positions before the end of the sequence matter (the block is sliding-window attention only).
+  void mtp_fill(Forward& f, const std::vector<int32_t>& toks, int64_t from, int64_t to) {
+    const int64_t keep_from = static_cast<int64_t>(toks.size()) - 1 - engine.model().config().window;
+    from = std::max({from, mtp_next, keep_from});
+    if (from >= to) return;
+    f.forward_mtp(*state, toks.data() + from + 1, static_cast<int>(to - from), from, nullptr);
+    mtp_next = to;
+  }
 };
 
 Session::Session(Engine& e) : impl_(std::make_unique<Impl>(e)) {}
@@ -126,10 +149,13 @@ void Session::run(int64_t from) {
     int64_t next_snap = (p / I.interval + 1) * I.interval;
     if (snaps && tail_at > p && tail_at % I.interval != 0) next_snap = std::min(next_snap, tail_at);
     int64_t end = std::min({n, p + chunk, snaps ? next_snap : n});
+    // Speculation: the last token runs alone on the session's own Forward, whose streams the first draft() needs.
+    if (I.spec && end == n && n - p > 1) end = n - 1;
     // One token: the session's own Forward (on the GPU its decode step is a recorded graph keyed by that Forward's
     // buffers); more: the engine's shared prefill Forward.
     Forward& fwd = end - p == 1 ? I.fwd : I.engine.prefill_forward();
     fwd.forward(*I.state, tokens_.data() + p, static_cast<int>(end - p), p, end == n ? I.logits.data() : nullptr, true);
+    if (I.spec) I.mtp_fill(fwd, tokens_, p, std::min(end, n - 1));
     p = end;
     if (progress_ && n - from > 1) progress_(p - from, n - from);
     I.after_chunk(p, tail_at);
@@ -140,6 +166,7 @@ void Session::run(int64_t from) {
 
 void Session::sync(const std::vector<int32_t>& tokens) {
   Impl& I = *impl_;
+  if (I.pending) fail("sync() while a draft token awaits resolve_draft()");
   if (static_cast<int64_t>(tokens.size()) > max_context())
     fail("sequence of ", tokens.size(), " tokens exceeds the session's max context ", max_context());
   for (size_t i = 0; i < tokens.size(); ++i)
@@ -174,6 +201,7 @@ void Session::sync(const std::vector<int32_t>& tokens) {
       I.snapshots.clear();
     }
     if (I.tail_pos > from) I.tail.reset(), I.tail_pos = -1;  // describes tokens past the kept prefix
+    I.mtp_next = std::min(I.mtp_next, from);
     keep = from;
   }
   if (I.snapshots.empty() && I.state->supports_snapshots()) I.snapshots.push_back(I.state->snapshot());
@@ -199,6 +227,8 @@ void Session::reset_after_failure() {
   impl_->tail.reset();
   impl_->tail_pos = -1;
   impl_->logits_valid = false;
+  impl_->mtp_next = 0;
+  impl_->pending = false;
   tokens_.clear();
 }
 
@@ -207,12 +237,92 @@ void Session::check_append(int32_t token) const {
     fail("context full: ", tokens_.size() + 1, " tokens exceed the session's max context ", max_context());
   if (token < 0 || token >= impl_->engine.info().vocab_size) fail("token id ", token, " is out of range");
   if (!tokens_.empty() && !impl_->logits_valid) fail("append() after a failed sync");
+  if (impl_->pending) fail("append() while a draft token awaits resolve_draft()");
 }
 
 void Session::append(int32_t token) {
   check_append(token);
   tokens_.push_back(token);
   run_or_reset(static_cast<int64_t>(tokens_.size()) - 1);
+}
+
+bool Session::speculative() const { return impl_->spec; }
+bool Session::draft_pending() const { return impl_->pending; }
+
+int32_t Session::draft(int32_t next) {
+  Impl& I = *impl_;
+  if (!I.spec) return -1;
+  check_append(next);
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  // The MTP block at position n - 1 reads its main streams, which only the forward that just ran it still holds.
+  if (n == 0 || n + 2 > max_context() || !I.fwd.holds_streams(*I.state, n - 1)) return -1;
+  // Accepting the draft would jump from n to n + 2 tokens: never over a snapshot position (a plain step takes it).
+  if (I.state->supports_snapshots() && (n + 1) % I.interval == 0) return -1;
+  // Positions of the last forward the MTP block has not run yet (a verified pair: both), in order; the last one's
+  // next token is `next`.
+  int64_t from = n - 1;
+  while (from > I.mtp_next && I.fwd.holds_streams(*I.state, from - 1)) --from;
+  std::vector<int32_t> next_ids(tokens_.begin() + from + 1, tokens_.end());
+  next_ids.push_back(next);
+  const size_t V = static_cast<size_t>(I.engine.info().vocab_size);
+  I.mtp_logits.resize(V);
+  try {
+    I.fwd.forward_mtp(*I.state, next_ids.data(), static_cast<int>(n - from), from, I.mtp_logits.data(), true);
+  } catch (...) {
+    reset_after_failure();  // the MTP block's window may be half-written
+    throw;
+  }
+  I.mtp_next = n;
+  return static_cast<int32_t>(std::max_element(I.mtp_logits.begin(), I.mtp_logits.end()) - I.mtp_logits.begin());
+}
+
+void Session::append_verify(int32_t next, int32_t draft) {
+  Impl& I = *impl_;
+  if (!I.spec) fail("append_verify: the engine was not loaded with speculative decoding");
+  check_append(next);
+  if (draft < 0 || draft >= I.engine.info().vocab_size) fail("draft token id ", draft, " is out of range");
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  if (n + 2 > max_context()) fail("context full: ", n + 2, " tokens exceed the session's max context ", max_context());
+  // An accepted draft would jump from n to n + 2 tokens, past the snapshot the session takes at n + 1.
+  if (I.state->supports_snapshots() && (n + 1) % I.interval == 0)
+    fail("append_verify: position ", n + 1, " is a snapshot position (draft() returns -1 there; append() instead)");
+  const size_t V = static_cast<size_t>(I.engine.info().vocab_size);
+  I.logits2.resize(2 * V);
+  tokens_.push_back(next);
+  tokens_.push_back(draft);
+  I.logits_valid = false;
+  try {
+    I.state->prepare_drop_last();
+    I.fwd.forward(*I.state, tokens_.data() + n, 2, n, I.logits2.data(), false);
+  } catch (...) {
+    reset_after_failure();
+    throw;
+  }
+  std::copy(I.logits2.begin(), I.logits2.begin() + static_cast<std::ptrdiff_t>(V), I.logits.begin());
+  I.logits2.erase(I.logits2.begin(), I.logits2.begin() + static_cast<std::ptrdiff_t>(V));  // now the draft's
+  I.logits_valid = true;
+  I.pending = true;
+  last_computed_ = 2;
+}
+
+void Session::resolve_draft(bool accepted) {
+  Impl& I = *impl_;
+  if (!I.pending) fail("resolve_draft() without a pending draft (append_verify first)");
+  I.pending = false;
+  if (accepted) {
+    I.logits.swap(I.logits2);
+  } else {
+    try {
+      I.state->drop_last();
+    } catch (...) {
+      reset_after_failure();
+      throw;
+    }
+    tokens_.pop_back();
+    last_computed_ = 1;
+  }
+  const int64_t n = static_cast<int64_t>(tokens_.size());
+  I.after_chunk(n, n - kTailBack);
 }
 
 void Session::append_batch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens) {

@@ -182,13 +182,38 @@ GenerationResult generate(Session& session, const text::Tokenizer& tok, const Ge
   Generation g(tok, req, session.max_context());
   session.sync(req.prompt_ids);
   g.prefilled(session.last_computed());
-  while (!g.done()) {
-    if (cb.cancelled && cb.cancelled()) {
-      g.cancel(cb.on_delta);
+  auto cancelled = [&] {
+    if (!cb.cancelled || !cb.cancelled()) return false;
+    g.cancel(cb.on_delta);
+    return true;
+  };
+  if (cancelled() || g.step(session.logits(), cb.on_delta)) return g.result();
+  // `next`: sampled, not yet in the session. With speculation, one forward of [next, draft] gives the logits after
+  // `next` (the next step() draws from exactly those, as plain decoding would) and, when that draw IS the draft, the
+  // logits after it too: two tokens for one forward.
+  int32_t next = g.last_token();
+  while (!cancelled()) {
+    const int32_t d = session.draft(next);
+    if (d < 0) {
+      session.append(next);
+      if (g.step(session.logits(), cb.on_delta)) break;
+      next = g.last_token();
+      continue;
+    }
+    session.append_verify(next, d);
+    if (g.step(session.logits(), cb.on_delta)) {
+      session.resolve_draft(false);
       break;
     }
-    if (g.step(session.logits(), cb.on_delta)) break;
-    session.append(g.last_token());
+    const bool accepted = g.last_token() == d;
+    g.drafted(accepted);
+    session.resolve_draft(accepted);
+    if (!accepted) {
+      next = g.last_token();
+      continue;
+    }
+    if (cancelled() || g.step(session.logits(), cb.on_delta)) break;
+    next = g.last_token();
   }
   return g.result();
 }

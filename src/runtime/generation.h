@@ -40,6 +40,8 @@ struct GenerationTimings {
   double ttft_s = 0;            // prefill + first sample
   double prefill_s = 0;
   double decode_s = 0;          // after the first token
+  int64_t draft_tokens = 0;     // speculative decoding: MTP draft tokens verified ...
+  int64_t accepted_drafts = 0;  // ... and the ones the model's own choice matched (each saved a forward)
   double prefill_tok_s() const { return prefill_s > 0 ? static_cast<double>(prompt_computed) / prefill_s : 0; }
   double decode_tok_s() const {
     return decode_s > 0 && generated_tokens > 1 ? static_cast<double>(generated_tokens - 1) / decode_s : 0;
@@ -91,6 +93,8 @@ class Generation {
   int32_t last_token() const { return r_.completion_ids.back(); }
   // Ends the generation early (client gone, server shutting down): finish_reason "cancelled".
   void cancel(const DeltaFn& on_delta);
+  // Speculative decoding statistics (the caller verified a draft token; accepted: step() chose it).
+  void drafted(bool accepted) { ++r_.timings.draft_tokens, r_.timings.accepted_drafts += accepted ? 1 : 0; }
   bool done() const { return done_; }
   const GenerationResult& result() const { return r_; }  // complete once done()
 

@@ -17,6 +17,7 @@ struct Scheduler::Job {
   int64_t prefilled = 0;  // prompt tokens the slot's session holds so far
   int64_t computed = 0;   // of which actually recomputed
   bool decoding = false;
+  bool carry = false;     // its last sampled token is not in the session yet (after a verified draft pair)
   Job(std::shared_ptr<RequestHandle> h, const text::Tokenizer& tok, GenerationRequest req, int64_t ctx)
       : handle(std::move(h)), gen(tok, std::move(req), ctx), submitted(Clock::now()) {}
 };
@@ -185,17 +186,19 @@ void Scheduler::decode_batch(const std::vector<Job*>& jobs) {
   batch_tokens_.clear();
   for (Job* j : jobs) {
     try {
-      if (!sample_step(*j)) continue;
+      if (!j->carry && !sample_step(*j)) continue;
     } catch (const std::exception& e) {
       finish(*j, e.what());
       continue;
     }
+    j->carry = false;
     batch_jobs_.push_back(j);
     batch_sessions_.push_back(slots_[static_cast<size_t>(j->slot)].session.get());
     batch_tokens_.push_back(j->gen.last_token());
   }
   if (batch_jobs_.empty()) return;
   const auto t0 = Clock::now();
+  if (batch_jobs_.size() == 1 && speculate(*batch_jobs_[0])) return;
   try {
     Session::append_batch(batch_sessions_, batch_tokens_);
   } catch (const std::exception& e) {
@@ -207,6 +210,35 @@ void Scheduler::decode_batch(const std::vector<Job*>& jobs) {
     Slot& s = slots_[static_cast<size_t>(j->slot)];
     s.held = static_cast<int64_t>(s.session->tokens().size());
   }
+}
+
+// A lone decoding job on a speculative engine: its sampled token and the MTP block's draft after it in ONE forward
+// (Session::append_verify); the token after the sampled one is drawn from exactly the logits a plain step gives, and
+// when it is the draft, the one after that too. False when no draft was made (the caller appends as usual).
+bool Scheduler::speculate(Job& j) {
+  Slot& slot = slots_[static_cast<size_t>(j.slot)];
+  Session& s = *slot.session;
+  const int32_t next = j.gen.last_token();
+  // Room for the pair and one more token: sample_step's context check sees the provisional draft.
+  if (!s.speculative() || static_cast<int64_t>(s.tokens().size()) + 3 > s.max_context()) return false;
+  const auto t0 = Clock::now();
+  try {
+    const int32_t d = s.draft(next);
+    if (d < 0) return false;
+    s.append_verify(next, d);
+    const bool go = sample_step(j);  // the token after `next` (finishes the job when it ends the generation)
+    const bool accepted = go && j.gen.last_token() == d;
+    if (go) j.gen.drafted(accepted);
+    s.resolve_draft(accepted);
+    if (metrics_) metrics_->observe_decode_batch(1, secs(t0, Clock::now()));
+    // Dropped: the token sampled instead of the draft goes in next step. Accepted: the one after the draft.
+    if (go) j.carry = !accepted || sample_step(j);
+  } catch (const std::exception& e) {
+    if (s.draft_pending()) s.resolve_draft(false);
+    if (j.slot >= 0) finish(j, e.what());
+  }
+  slot.held = static_cast<int64_t>(s.tokens().size());
+  return true;
 }
 
 void Scheduler::finish(Job& j, const char* why) {

@@ -89,6 +89,7 @@ class Scheduler {
   void prefill_chunk(Job& j);
   bool sample_step(Job& j);              // false when the job finished
   void decode_batch(const std::vector<Job*>& jobs);
+  bool speculate(Job& j);                // one job: a verified [token, MTP draft] pair; false = no draft made
   void finish(Job& j, const char* why);  // emits Done/Error and frees the slot
 
   Engine& engine_;

@@ -82,6 +82,61 @@ TEST(CudaSession, PrefixReuseMatchesFreshSession) {
   }
 }
 
+// Speculative decoding on CUDA (tests/runtime/speculative_test.cpp's CPU test, here against a plain CUDA session):
+// verified pairs [token, draft] -- the draft accepted or dropped at random, across window wraps and compressor
+// emissions (ratios 4 and 16) -- leave the session where plain appends leave it. Reference numerics; rel L2 <= 1e-5
+// per step because the pair runs the chunk path and a plain step the decode graph, whose fp32 sums differ in order
+// (the CudaSession test above: ~3e-6); a wrong rollback of a compressor's state or count shows as O(1) errors.
+TEST(CudaSpeculative, VerifiedPairsMatchPlainAppends) {
+  auto load = [](const std::string& spec) {
+    EngineOptions o;
+    o.model_dir = fixtures_dir() + "/flash_fp8";
+    o.backend = "cuda";
+    o.max_context = 512;
+    o.prefill_chunk = 64;
+    o.speculative = spec;
+    return Engine::load(o);
+  };
+  auto pe = load("none"), se = load("mtp");
+  const int V = static_cast<int>(pe->info().vocab_size);
+  auto ids = read_bin<int32_t>(fixtures_dir() + "/flash_fp8/ids.bin");
+  auto plain = pe->new_session(), spec = se->new_session();
+  plain->sync(prefix(ids, 21));
+  spec->sync(prefix(ids, 21));
+  std::mt19937 rng(7);
+  std::vector<int32_t> S(300);
+  for (auto& t : S) t = static_cast<int32_t>(rng() % static_cast<unsigned>(V));
+  int accepted = 0, dropped = 0, drafts = 0;
+  double worst = 0;
+  size_t k = 0;
+  while (k + 1 < S.size() && spec->tokens().size() + 2 < 480) {
+    if (rng() % 3 == 0 && spec->draft(S[k]) >= 0) ++drafts;
+    const int64_t n = static_cast<int64_t>(spec->tokens().size());
+    if ((n + 1) % 64 == 0) {
+      spec->append(S[k]);
+      plain->append(S[k]);
+      ++k;
+    } else {
+      const bool accept = rng() % 2 == 0;
+      spec->append_verify(S[k], accept ? S[k + 1] : (S[k + 1] + 1 + static_cast<int32_t>(rng() % 7)) % V);
+      plain->append(S[k]);
+      worst = std::max(worst, rel_l2(spec->logits(), plain->logits()));
+      spec->resolve_draft(accept);
+      if (accept) plain->append(S[k + 1]), ++accepted, k += 2;
+      else ++dropped, ++k;
+    }
+    ASSERT_EQ(plain->tokens(), spec->tokens());
+    const double r = rel_l2(spec->logits(), plain->logits());
+    worst = std::max(worst, r);
+    ASSERT_LE(r, 1e-5) << "after " << spec->tokens().size() << " tokens";
+  }
+  std::printf("[cuda-speculative] %d accepted, %d dropped, %d MTP drafts, %zu tokens, worst rel L2 %.3g\n", accepted,
+              dropped, drafts, spec->tokens().size(), worst);
+  EXPECT_GT(accepted, 50);
+  EXPECT_GT(dropped, 50);
+  EXPECT_GT(drafts, 30);
+}
+
 // MTP draft logits on CUDA vs the golden (HF with the MTP block), reference numerics, every chunking (chunk 1 runs
 // the main steps through decode graphs, the MTP block eagerly).
 TEST(CudaMtp, MatchesGoldenForEveryChunking) {

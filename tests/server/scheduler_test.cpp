@@ -117,6 +117,43 @@ TEST(Scheduler, DecodeStepsAreBatched) {
   EXPECT_LT(single, steps);
 }
 
+// A speculative engine (EngineOptions::speculative = "mtp"): a lone decoding request verifies [token, MTP draft]
+// pairs, requests decoding together are batched as usual, and every output is the plain engine's.
+TEST(Scheduler, SpeculativeEngineGivesThePlainOutputs) {
+  std::string dir = std::string(DSV4_BINARY_DIR) + "/test_server_spec_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  TinySpec spec;
+  spec.seed = 21;
+  spec.layers = 2;
+  write_tiny_model(dir, spec);  // the fixture's model, loaded a second time with speculation
+  EngineOptions o;
+  o.model_dir = dir;
+  o.max_context = 256;
+  o.speculative = "mtp";
+  auto engine = Engine::load(o);
+  std::filesystem::remove_all(dir);
+  std::vector<GenerationResult> alone;
+  for (int i = 0; i < 3; ++i) {
+    auto s = fx().engine->new_session();
+    alone.push_back(generate(*s, fx().tok, request(i, 20)));
+  }
+  {  // one request at a time: every decode step can speculate
+    Scheduler sched(*engine, fx().tok, SchedulerOptions{1, 8, 256}, nullptr);
+    for (int i = 0; i < 3; ++i) {
+      GenerationResult r = wait_done(*sched.submit(request(i, 20)));
+      EXPECT_EQ(r.completion_ids, alone[static_cast<size_t>(i)].completion_ids) << "request " << i;
+      EXPECT_GT(r.timings.draft_tokens, 5) << "request " << i;
+    }
+  }
+  {  // three at once: batched steps, speculation only where one request is left decoding
+    Scheduler sched(*engine, fx().tok, SchedulerOptions{3, 8, 256}, nullptr);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 0; i < 3; ++i) hs.push_back(sched.submit(request(i, 20)));
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(wait_done(*hs[static_cast<size_t>(i)]).completion_ids, alone[static_cast<size_t>(i)].completion_ids);
+  }
+}
+
 TEST(Scheduler, CancelFreesSlotAndQueueBound) {
   Scheduler sched(*fx().engine, fx().tok, SchedulerOptions{1, 1, 64});
   auto a = sched.submit(request(1, 200));

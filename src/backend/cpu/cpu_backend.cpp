@@ -100,6 +100,12 @@ struct LayerState {
   vector<float> idx_cache;    // [cap, index_head_dim]
   int64_t n_idx = 0;
   vector<float> iK, iZ;
+  // For SequenceState::drop_last: the compression ratio, whether each compressor overlaps (rows [0, m) of its state
+  // then hold the previous window, which an emission replaces), and what prepare_drop_last saved.
+  int c_ratio = 0, i_ratio = 0;
+  bool c_overlap = false, i_overlap = false;
+  int64_t drop_n_comp = 0, drop_n_idx = 0;
+  vector<float> drop_cK, drop_cZ, drop_iK, drop_iZ;  // rows [0, m) of cK/cZ/iK/iZ (overlapping compressors only)
 };
 
 class CpuSequence final : public SequenceState {
@@ -109,6 +115,10 @@ class CpuSequence final : public SequenceState {
       const Layer& L = layers[l];
       LayerState s;
       s.ring.assign(static_cast<size_t>(c.window * c.head_dim), 0.0f);
+      s.c_ratio = L.has_comp ? L.comp.ratio : 0;
+      s.i_ratio = L.has_idx ? L.icomp.ratio : 0;
+      s.c_overlap = L.has_comp && L.comp.overlap;
+      s.i_overlap = L.has_idx && L.icomp.overlap;
       if (L.has_comp) {
         int64_t cap = max_ctx / L.ratio + 1;
         s.comp_cache.assign(static_cast<size_t>(cap * c.head_dim), 0.0f);
@@ -159,9 +169,38 @@ class CpuSequence final : public SequenceState {
       s.n_idx = a.n_idx;
     }
   }
+  bool supports_drop_last() const override { return true; }
   vector<LayerState> layers_;
 
+  // An overlapping compressor's state is [2m rows][W]: rows [0, m) the previous window, [m, 2m) the current one.
+  void save_for_drop() override {
+    for (auto& s : layers_) {
+      if ((!s.cK.empty() && s.c_ratio < 2) || (!s.iK.empty() && s.i_ratio < 2))
+        fail("drop_last needs compression ratios >= 2 (a ratio-1 compressor emits at every token)");
+      s.drop_n_comp = s.n_comp, s.drop_n_idx = s.n_idx;
+      if (s.c_overlap) save_half(s.cK, s.drop_cK), save_half(s.cZ, s.drop_cZ);
+      if (s.i_overlap) save_half(s.iK, s.drop_iK), save_half(s.iZ, s.drop_iZ);
+    }
+  }
+  // The dropped token at position p emitted an entry iff (p + 1) % m == 0; then the kept one before it did not (m >= 2),
+  // so the saved counts and previous windows are the state after the kept token. Otherwise the dropped token only
+  // wrote its own (stale, never read) rows.
+  void undo_last(int64_t p) override {
+    auto emitted = [p](int m) { return (p + 1) % m == 0; };
+    for (auto& s : layers_) {
+      if (!s.cK.empty() && emitted(s.c_ratio)) {
+        s.n_comp = s.drop_n_comp;
+        if (s.c_overlap) std::copy(s.drop_cK.begin(), s.drop_cK.end(), s.cK.begin()), std::copy(s.drop_cZ.begin(), s.drop_cZ.end(), s.cZ.begin());
+      }
+      if (!s.iK.empty() && emitted(s.i_ratio)) {
+        s.n_idx = s.drop_n_idx;
+        if (s.i_overlap) std::copy(s.drop_iK.begin(), s.drop_iK.end(), s.iK.begin()), std::copy(s.drop_iZ.begin(), s.drop_iZ.end(), s.iZ.begin());
+      }
+    }
+  }
+
  private:
+  static void save_half(const vector<float>& from, vector<float>& to) { to.assign(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(from.size() / 2)); }
   struct Snapshot final : StateSnapshot {
     struct Layer {
       vector<float> ring, cK, cZ, iK, iZ;

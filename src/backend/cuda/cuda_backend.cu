@@ -169,6 +169,12 @@ struct DevLayerState {
   float *idx = nullptr, *iK = nullptr, *iZ = nullptr;
   int64_t cap = 0, n_comp = 0, n_idx = 0;  // entry counts, mirrored on the host (deterministic from positions)
   int64_t comp_state = 0, idx_state = 0;   // floats in cK/cZ and iK/iZ
+  // SequenceState::drop_last (the CPU twin's logic): each compressor's ratio and overlap, and what
+  // prepare_drop_last saved -- the counts and an overlapping state's rows [0, m) (the previous window).
+  int c_ratio = 0, i_ratio = 0;
+  bool c_overlap = false, i_overlap = false;
+  int64_t drop_n_comp = 0, drop_n_idx = 0;
+  float *drop_cK = nullptr, *drop_cZ = nullptr, *drop_iK = nullptr, *drop_iZ = nullptr;  // allocated on first use
 };
 
 // A recorded single-token step (CUDA graph) for one (activation buffers, with/without head) pair of a sequence. The
@@ -210,6 +216,7 @@ class CudaSequence final : public SequenceState {
         st.comp_state = coff * L.ratio * coff * L.comp.width;
         st.cK = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.comp_state) * 4));
         st.cZ = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.comp_state) * 4));
+        st.c_ratio = L.comp.ratio, st.c_overlap = L.comp.overlap;
       }
       if (L.has_idx) {
         st.idx = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.cap * c.index_head_dim) * 4));
@@ -217,6 +224,7 @@ class CudaSequence final : public SequenceState {
         st.idx_state = coff * L.ratio * coff * L.icomp.width;
         st.iK = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.idx_state) * 4));
         st.iZ = static_cast<float*>(heap_.alloc(static_cast<size_t>(st.idx_state) * 4));
+        st.i_ratio = L.icomp.ratio, st.i_overlap = L.icomp.overlap;
       }
       layers_.push_back(st);
     }
@@ -284,6 +292,33 @@ class CudaSequence final : public SequenceState {
     }
   }
 
+  // Speculative decoding's one-token rollback, as the CPU twin (CpuSequence::save_for_drop / undo_last): device copies
+  // of the overlapping compressors' rows [0, m) (half of their state) and the host counts; stream-ordered with the
+  // forwards on s_.
+  bool supports_drop_last() const override { return true; }
+  void save_for_drop() override {
+    for (DevLayerState& st : layers_) {
+      if ((st.cK && st.c_ratio < 2) || (st.iK && st.i_ratio < 2))
+        fail("drop_last needs compression ratios >= 2 (a ratio-1 compressor emits at every token)");
+      st.drop_n_comp = st.n_comp, st.drop_n_idx = st.n_idx;
+      if (st.cK && st.c_overlap) save_half(st.cK, st.drop_cK, st.comp_state), save_half(st.cZ, st.drop_cZ, st.comp_state);
+      if (st.iK && st.i_overlap) save_half(st.iK, st.drop_iK, st.idx_state), save_half(st.iZ, st.drop_iZ, st.idx_state);
+    }
+  }
+  void undo_last(int64_t p) override {
+    auto emitted = [p](int m) { return (p + 1) % m == 0; };
+    for (DevLayerState& st : layers_) {
+      if (st.cK && emitted(st.c_ratio)) {
+        st.n_comp = st.drop_n_comp;
+        if (st.c_overlap) copy_in(st.cK, st.drop_cK, static_cast<size_t>(st.comp_state / 2)), copy_in(st.cZ, st.drop_cZ, static_cast<size_t>(st.comp_state / 2));
+      }
+      if (st.iK && emitted(st.i_ratio)) {
+        st.n_idx = st.drop_n_idx;
+        if (st.i_overlap) copy_in(st.iK, st.drop_iK, static_cast<size_t>(st.idx_state / 2)), copy_in(st.iZ, st.drop_iZ, static_cast<size_t>(st.idx_state / 2));
+      }
+    }
+  }
+
   // The recording for (buffers, head), created empty on first use.
   DecodeGraph& graph(const void* buffers, bool head) {
     for (auto& g : graphs_)
@@ -317,6 +352,10 @@ class CudaSequence final : public SequenceState {
   void copy_in(float* dst, const float* src, size_t n) const {
     if (!dst || n == 0) return;
     DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s_));
+  }
+  void save_half(const float* src, float*& dst, int64_t floats) {
+    if (!dst) dst = static_cast<float*>(heap_.alloc(static_cast<size_t>(floats / 2) * 4));
+    copy_in(dst, src, static_cast<size_t>(floats / 2));
   }
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;
 

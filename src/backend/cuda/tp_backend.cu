@@ -72,6 +72,13 @@ class TpSequence final : public SequenceState {
     if (!s || s->ranks.size() != ranks_.size()) fail("restore: snapshot does not belong to this tensor-parallel sequence");
     for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->restore(*s->ranks[r]);
   }
+  bool supports_drop_last() const override { return ranks_[0]->supports_drop_last(); }
+  void save_for_drop() override {
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->save_for_drop();
+  }
+  void undo_last(int64_t dropped) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) on(r), ranks_[r]->undo_last(dropped);
+  }
   SequenceState& rank(size_t r) { return *ranks_[r]; }
 
  private:

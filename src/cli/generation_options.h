@@ -55,7 +55,8 @@ struct GenerationFlags {
         ->check(CLI::PositiveNumber);
     app.add_option("--speculative", speculative,
                    "none|mtp: mtp drafts one token per step with the checkpoint's MTP block and verifies it in the same "
-                   "forward (same output as none)")
+                   "forward (same output as none; on CUDA the two-token verify is not a recorded graph yet and costs "
+                   "1.85x a plain step: a gain only once that is fixed, docs/BENCHMARKS.md)")
         ->check(CLI::IsMember({"none", "mtp"}));
   }
 

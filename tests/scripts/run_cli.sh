@@ -33,6 +33,22 @@ for i, tok in enumerate(C):
     assert best == tok, f"completion token {i}: generated {tok}, argmax {best}"
 print(f"all {len(C)} greedy tokens are argmax")
 PY
+# --speculative mtp: the same completion as plain decoding (greedy and sampled), drafts counted in the timings.
+for t in 0 1; do
+  "$bin" run --model "$m" --prompt "Explain tensor parallelism." --temperature $t --seed 3 --max-tokens 32 \
+    --output-format json >"$tmp/p$t.json" 2>/dev/null || bad "plain run T=$t"
+  "$bin" run --model "$m" --prompt "Explain tensor parallelism." --temperature $t --seed 3 --max-tokens 32 \
+    --speculative mtp --output-format json >"$tmp/s$t.json" 2>"$tmp/s$t.err" || bad "speculative run T=$t: $(cat "$tmp/s$t.err")"
+  grep -q "speculative: .* draft tokens accepted" "$tmp/s$t.err" || bad "speculative run T=$t printed no draft statistics"
+  python3 - "$tmp/p$t.json" "$tmp/s$t.json" <<'PY' || bad "speculative output differs from plain (T=$t)"
+import json, sys
+p, s = (json.load(open(f)) for f in sys.argv[1:3])
+assert p["completion_ids"] == s["completion_ids"], (p["completion_ids"], s["completion_ids"])
+assert p["timings"]["draft_tokens"] == 0 and s["timings"]["draft_tokens"] > 0, (p["timings"], s["timings"])
+print("speculative == plain,", s["timings"]["draft_tokens"], "drafts,", s["timings"]["accepted_drafts"], "accepted")
+PY
+done
+"$bin" run --model "$m" --prompt "Hi" --speculative eagle 2>/dev/null && bad "--speculative eagle accepted"
 # Seeds: same seed -> same output; different seeds -> different output.
 for s in 1 1 2; do
   "$bin" run --model "$m" --prompt "Hi" --seed $s --max-tokens 16 --output-format json 2>/dev/null \

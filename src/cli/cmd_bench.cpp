@@ -254,7 +254,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   // Random prompt tokens (a fixed seed: runs are comparable).
   std::mt19937 rng(7);
   // Capacity: the single-sequence decode (2 x (steps + 2) + 3 profiled steps), then the batched steps (steps + 2).
-  const int64_t capacity = context + 5 * static_cast<int64_t>(steps) + 40 + trace_steps + 2 + profile_steps;
+  const int64_t capacity = context + 5 * static_cast<int64_t>(steps) + 41 + trace_steps + 2 + profile_steps;
   std::vector<int32_t> ids(static_cast<size_t>(capacity));
   for (auto& t : ids) t = static_cast<int32_t>(rng() % 128000u + 100u);
   auto st = be->new_sequence(capacity);
@@ -335,6 +335,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   // rejected draft does) with both rows' logits downloaded, then the MTP block's draft for the kept position (one
   // block + its LM head pass, last row's logits downloaded). Host-timed, synchronous (the downloads), median.
   double verify_us = 0, draft_us = 0;
+  std::vector<std::pair<std::string, double>> verify_prof;
   if (speculative) {
     dsv4::Forward vf(model, 2);
     std::vector<float> l2(2 * static_cast<size_t>(cfg.vocab_size)), lm(static_cast<size_t>(cfg.vocab_size));
@@ -353,6 +354,14 @@ int cmd_bench(const std::vector<std::string>& args) {
       if (i >= 2) tv.push_back(v), td.push_back(d);  // the first two: warm-up (scratch growth, lazy loading)
     }
     verify_us = median(tv), draft_us = median(td);
+    // One more verify with an event pair around every op: where the pair's time goes.
+    dsv4::cuda_set_eager_profiling(*be, true);
+    st->prepare_drop_last();
+    vf.forward(*st, &ids[static_cast<size_t>(pos)], 2, pos, l2.data(), false);
+    st->drop_last();
+    ++pos;
+    verify_prof = dsv4::cuda_eager_profile(*be);
+    dsv4::cuda_set_eager_profiling(*be, false);
     std::fprintf(stderr, "[bench] speculative: verify forward of 2 tokens median %.1f us, MTP draft median %.1f us\n",
                  verify_us, draft_us);
   }
@@ -460,6 +469,11 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::printf("    tok/s at %d layers by acceptance rate (modeled from the two timings; plain %.1f):", layers, 1e6 / full_us);
     for (double a : {0.5, 0.7, 0.8, 0.9}) std::printf("  %.0f%%: %.1f", a * 100, (1 + a) * 1e6 / cycle);
     std::printf("\n");
+    double vt = 0;  // ops only: a part ("moe/down") is inside its op's time too
+    for (const auto& [n, ms] : verify_prof) vt += n.find('/') == std::string::npos ? ms : 0.0;
+    std::printf("    verify forward by op (one pair, eager, events around each op; sum %.1f us):\n", vt * 1e3);
+    for (const auto& [n, ms] : verify_prof)
+      std::printf("      %-24s %10.1f us  %5.1f%%\n", n.c_str(), ms * 1e3, 100.0 * ms / std::max(vt, 1e-12));
   }
   std::printf("  prefill %lld tokens (chunk %d) %8.2f s = %.0f tok/s; extrapolated to %d layers: %.0f tok/s\n",
               (long long)prompt, chunk, prefill_s, prefill_tps, full.n_layers, prefill_tps_full);

@@ -7,19 +7,13 @@
 
 #include "core/error.h"
 #include "dsv4/engine.h"
+#include "fixture_ids.h"
 
 namespace dsv4 {
 namespace {
 
-std::string fixture(const char* name) { return std::string(DSV4_SOURCE_DIR) + "/tests/fixtures/" + name; }
-
-std::vector<int32_t> fixture_ids(const char* name) {
-  std::ifstream f(fixture(name) + "/ids.bin", std::ios::binary | std::ios::ate);
-  std::vector<int32_t> ids(static_cast<size_t>(f.tellg()) / 4);
-  f.seekg(0);
-  f.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
-  return ids;
-}
+using test::fixture;
+using test::fixture_ids;
 
 std::unique_ptr<Engine> load(const char* name, int chunk) {
   EngineOptions o;

@@ -98,6 +98,8 @@ struct Session::Impl {
   bool pending = false;            // append_verify ran, resolve_draft not yet
   std::vector<float> logits2;      // [2, vocab] of the verify forward; then the logits after the draft
   std::vector<float> mtp_logits;   // the draft's [vocab]
+  // Speculation from n tokens: an accepted draft jumps to n + 2, past a snapshot the session must take at n + 1.
+  bool pair_skips_snapshot(int64_t n) const { return state->supports_snapshots() && (n + 1) % interval == 0; }
   // Snapshot bookkeeping after a forward that ended at position p (shared by run() and append_batch()).
   void after_chunk(int64_t p, int64_t tail_at) {
     if (!state->supports_snapshots()) return;
@@ -256,8 +258,7 @@ int32_t Session::draft(int32_t next) {
   const int64_t n = static_cast<int64_t>(tokens_.size());
   // The MTP block at position n - 1 reads its main streams, which only the forward that just ran it still holds.
   if (n == 0 || n + 2 > max_context() || !I.fwd.holds_streams(*I.state, n - 1)) return -1;
-  // Accepting the draft would jump from n to n + 2 tokens: never over a snapshot position (a plain step takes it).
-  if (I.state->supports_snapshots() && (n + 1) % I.interval == 0) return -1;
+  if (I.pair_skips_snapshot(n)) return -1;  // a plain step takes that snapshot
   // Positions of the last forward the MTP block has not run yet (a verified pair: both), in order; the last one's
   // next token is `next`.
   int64_t from = n - 1;
@@ -283,8 +284,7 @@ void Session::append_verify(int32_t next, int32_t draft) {
   if (draft < 0 || draft >= I.engine.info().vocab_size) fail("draft token id ", draft, " is out of range");
   const int64_t n = static_cast<int64_t>(tokens_.size());
   if (n + 2 > max_context()) fail("context full: ", n + 2, " tokens exceed the session's max context ", max_context());
-  // An accepted draft would jump from n to n + 2 tokens, past the snapshot the session takes at n + 1.
-  if (I.state->supports_snapshots() && (n + 1) % I.interval == 0)
+  if (I.pair_skips_snapshot(n))
     fail("append_verify: position ", n + 1, " is a snapshot position (draft() returns -1 there; append() instead)");
   const size_t V = static_cast<size_t>(I.engine.info().vocab_size);
   I.logits2.resize(2 * V);

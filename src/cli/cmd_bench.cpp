@@ -343,7 +343,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     for (int i = 0; i < steps + 2; ++i) {
       auto a = Clock::now();
       st->prepare_drop_last();
-      vf.forward(*st, &ids[static_cast<size_t>(pos)], 2, pos, l2.data(), false);
+      vf.forward_pair(*st, &ids[static_cast<size_t>(pos)], pos, l2.data());
       st->drop_last();
       be->synchronize();
       const double v = secs(a, Clock::now()) * 1e6;
@@ -357,7 +357,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     // One more verify with an event pair around every op: where the pair's time goes.
     dsv4::cuda_set_eager_profiling(*be, true);
     st->prepare_drop_last();
-    vf.forward(*st, &ids[static_cast<size_t>(pos)], 2, pos, l2.data(), false);
+    vf.forward_pair(*st, &ids[static_cast<size_t>(pos)], pos, l2.data());
     st->drop_last();
     ++pos;
     verify_prof = dsv4::cuda_eager_profile(*be);

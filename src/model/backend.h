@@ -132,8 +132,9 @@ class Backend {
   virtual void head(const float* X, int n, float* logits) = 0;
 
   // Batched decode: row i is one token of sequence sts[i] at position pos[i] (pos and sts are host arrays, the
-  // sequences distinct). Same contracts as the single-sequence ops above; the defaults run those with n = 1 per row
-  // (pointer arithmetic on backend pointers is valid for every backend), so a backend overrides them only to fuse.
+  // sequences distinct, except for the pairs pair_rows() allows). Same contracts as the single-sequence ops above;
+  // the defaults run those with n = 1 per row (pointer arithmetic on backend pointers is valid for every backend), so
+  // a backend overrides them only to fuse.
   virtual void attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv);
   virtual void compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,
                                     SequenceState* const* sts);
@@ -143,6 +144,11 @@ class Backend {
                            SequenceState* const* sts, float* o);
   virtual void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts);
   virtual void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out);
+  // Whether the *_rows ops (and begin_decode_batch) also take rows i, i + 1 that are consecutive positions of ONE
+  // sequence, each row seeing the earlier row's effects as a chunk would (its window entry, compressor state, emitted
+  // entries): Forward::forward_pair then runs a speculative verify as a batched step. The defaults above do not (their
+  // row loop runs every row's attend before any row's window_store), so the default is no.
+  virtual bool pair_rows() const { return false; }
   void set_row_dims(const RowDims& d) { rows_ = d; }
   const RowDims& row_dims() const { return rows_; }
 

@@ -205,7 +205,19 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
   // One token of one sequence is an ordinary decode step (and may replay a recorded step on the backend).
   if (n == 1) return forward(*sts[0], ids, 1, pos[0], logits);
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
-  last_n_ = -1;  // forward_mtp follows forward() only
+  try {
+    run_rows(sts, pos, n, logits);
+  } catch (...) {
+    for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
+    throw;
+  }
+  for (int i = 0; i < n; ++i) sts[i]->set_tokens(pos[i] + 1);
+}
+
+void Forward::run_rows(SequenceState* const* sts, const int64_t* pos, int n, float* logits) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  last_n_ = -1;  // forward_mtp follows forward() (or forward_pair) only
   float* lg = logits ? logits_for(n) : nullptr;  // before a recording starts (it may allocate)
   // Like a single-token step, a batched step may be recorded once and replayed whole (Backend::begin_decode_batch).
   const StepMode mode = b.begin_decode_batch(ids_, sts, pos, n, logits != nullptr);
@@ -216,13 +228,37 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
       if (logits) b.head(X_, n, lg);
     }
   } catch (...) {
-    for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
     b.end_decode_step(false);
     throw;
   }
   b.end_decode_step(true);
-  for (int i = 0; i < n; ++i) sts[i]->set_tokens(pos[i] + 1);
   if (logits) b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+}
+
+void Forward::forward_pair(SequenceState& st, const int32_t* ids, int64_t pos0, float* logits) {
+  const ModelConfig& c = m_.config();
+  Backend& b = m_.backend();
+  if (!b.pair_rows()) return forward(st, ids, 2, pos0, logits, false);
+  if (max_chunk_ < 2) fail("forward_pair needs a Forward of max chunk >= 2 (this one: ", max_chunk_, ")");
+  check_position(st, pos0, 2);
+  for (int i = 0; i < 2; ++i)
+    if (ids[i] < 0 || ids[i] >= c.vocab_size)
+      fail("token id ", ids[i], " at position ", pos0 + i, " is out of range [0, ", c.vocab_size, ")");
+  SequenceState* sts[2] = {&st, &st};
+  const int64_t pos[2] = {pos0, pos0 + 1};
+  b.upload_i32(ids_, ids, 2);
+  last_state_ = nullptr;
+  try {
+    run_rows(sts, pos, 2, logits);
+  } catch (...) {
+    st.set_tokens(-1);
+    throw;
+  }
+  st.set_tokens(pos0 + 2);
+  // X_ holds the two rows' streams, as after forward() of the pair: the MTP block may start at either position.
+  last_n_ = 2;
+  last_pos0_ = pos0;
+  last_state_ = &st;
 }
 
 float* Forward::logits_for(int rows) {

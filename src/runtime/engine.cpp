@@ -293,7 +293,7 @@ void Session::append_verify(int32_t next, int32_t draft) {
   I.logits_valid = false;
   try {
     I.state->prepare_drop_last();
-    I.fwd.forward(*I.state, tokens_.data() + n, 2, n, I.logits2.data(), false);
+    I.fwd.forward_pair(*I.state, tokens_.data() + n, n, I.logits2.data());
   } catch (...) {
     reset_after_failure();
     throw;

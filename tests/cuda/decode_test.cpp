@@ -85,8 +85,9 @@ TEST(CudaSession, PrefixReuseMatchesFreshSession) {
 // Speculative decoding on CUDA (tests/runtime/speculative_test.cpp's CPU test, here against a plain CUDA session):
 // verified pairs [token, draft] -- the draft accepted or dropped at random, across window wraps and compressor
 // emissions (ratios 4 and 16) -- leave the session where plain appends leave it. Reference numerics; rel L2 <= 1e-5
-// per step because the pair runs the chunk path and a plain step the decode graph, whose fp32 sums differ in order
-// (the CudaSession test above: ~3e-6); a wrong rollback of a compressor's state or count shows as O(1) errors.
+// per step because the pair runs as a two-token chunk (reference numerics: CudaBackend::pair_rows) and a plain step
+// the decode graph, whose fp32 sums differ in order (the CudaSession test above: ~3e-6); a wrong rollback of a
+// compressor's state or count shows as O(1) errors. The recorded two-row pair: FlashShapedRecordedPairsMatchPlainSteps.
 TEST(CudaSpeculative, VerifiedPairsMatchPlainAppends) {
   auto load = [](const std::string& spec) {
     EngineOptions o;
@@ -135,6 +136,134 @@ TEST(CudaSpeculative, VerifiedPairsMatchPlainAppends) {
   EXPECT_GT(accepted, 50);
   EXPECT_GT(dropped, 50);
   EXPECT_GT(drafts, 30);
+}
+
+// The verify pair at Flash shapes (4 synthetic layers: SWA, SWA, CSA, HCA; window 128, top-512, HCA ratio 128; official
+// numerics, where Forward::forward_pair runs the recorded two-row step -- CudaBackend::pair_rows): pairs of a sequence
+// from position 100 to past 300 (window wraps, every compressor emitting at either row), the draft kept or dropped at
+// random, single steps between them, against a twin sequence fed the same tokens one by one. The pairs recorded as
+// graphs vs launched op by op (CudaOptions::decode_graphs off) and vs a second recorded run: bit for bit, and the
+// recorded backend replayed them. Vs the twin's plain steps: rel L2 <= 5e-2 -- the rows' multi-token GEMVs sum in
+// other orders than the single-token ones and official numerics amplify that on random weights (measured ~1.7e-2 from
+// the first pair on); a row that sees the other row's entry, or a bad rollback, is O(1).
+struct PairRun {
+  std::vector<std::vector<float>> rows;  // the kept rows' logits, in order
+  std::vector<int64_t> row_pos;
+  double worst = 0;                      // vs the twin's plain steps
+  int64_t first_bad = -1;                // the first position whose rel L2 vs the twin exceeds 1e-5
+  int kept = 0, dropped = 0, pair_replays = 0;
+};
+PairRun flash_shaped_pairs(Numerics nm, bool graphs) {
+  PairRun out;
+  SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
+  const ModelConfig cfg = syn.cfg;
+  Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{graphs}), nm);
+  const size_t V = static_cast<size_t>(cfg.vocab_size);
+  std::mt19937 rng(5);
+  std::vector<int32_t> toks(400);
+  for (auto& t : toks) t = static_cast<int32_t>(rng() % 100000u + 100u);
+  Forward pre(m, 64), one(m, 1), pair(m, 2);
+  auto st = m.backend().new_sequence(512), twin = m.backend().new_sequence(512);
+  std::vector<float> l1(V), l2(2 * V);
+  for (int64_t p0 = 0; p0 < 100; p0 += 50) {
+    pre.forward(*st, toks.data() + p0, 50, p0, l1.data(), true);
+    pre.forward(*twin, toks.data() + p0, 50, p0, l1.data(), true);
+  }
+  int64_t p = 100;
+  while (p < 320) {
+    const size_t i = static_cast<size_t>(p);
+    if (rng() % 4 == 0) {  // a plain step between pairs (the sequence's single-token graph)
+      one.forward(*st, &toks[i], 1, p, l1.data());
+      one.forward(*twin, &toks[i], 1, p, l1.data());
+      ++p;
+      continue;
+    }
+    const bool keep = rng() % 2 == 0;
+    const int32_t ids[2] = {toks[i], keep ? toks[i + 1] : toks[i + 1] + 1};
+    st->prepare_drop_last();
+    const int before = cuda_graph_stats(m.backend()).replays;
+    pair.forward_pair(*st, ids, p, l2.data());
+    out.pair_replays += cuda_graph_stats(m.backend()).replays - before;
+    if (!keep) st->drop_last();
+    const int rows = keep ? 2 : 1;
+    for (int r = 0; r < rows; ++r) {
+      one.forward(*twin, &toks[i + static_cast<size_t>(r)], 1, p + r, l1.data());
+      std::vector<float> row(l2.begin() + static_cast<long>(r * V), l2.begin() + static_cast<long>((r + 1) * V));
+      const double e = rel_l2(row, l1);
+      out.worst = std::max(out.worst, e);
+      if (e > 1e-5 && out.first_bad < 0) out.first_bad = p + r;
+      out.rows.push_back(std::move(row));
+      out.row_pos.push_back(p + r);
+    }
+    EXPECT_EQ(st->tokens(), p + rows);
+    keep ? ++out.kept : ++out.dropped;
+    p += rows;
+  }
+  return out;
+}
+
+int64_t first_differing(const PairRun& a, const PairRun& b, int* count) {
+  int64_t first = -1;
+  *count = 0;
+  for (size_t r = 0; r < a.rows.size() && r < b.rows.size(); ++r)
+    if (std::memcmp(a.rows[r].data(), b.rows[r].data(), a.rows[r].size() * 4) != 0) {
+      ++*count;
+      if (first < 0) first = a.row_pos[r];
+    }
+  return first;
+}
+
+TEST(CudaSpeculative, FlashShapedRecordedPairsMatchPlainSteps) {
+  const Numerics nm = Numerics::Official;
+  const PairRun e = flash_shaped_pairs(nm, false), g = flash_shaped_pairs(nm, true), g2 = flash_shaped_pairs(nm, true);
+  int d_eg = 0, d_gg = 0;
+  const int64_t f_eg = first_differing(e, g, &d_eg), f_gg = first_differing(g, g2, &d_gg);
+  std::printf("[cuda-speculative] Flash-shaped pairs, official: %d kept %d dropped; vs plain steps worst rel L2: eager "
+              "%.3g, recorded %.3g, recorded again %.3g; eager vs recorded %d rows differ (first at %lld), recorded vs "
+              "recorded %d (first at %lld); pair replays %d\n",
+              g.kept, g.dropped, e.worst, g.worst, g2.worst, d_eg, (long long)f_eg, d_gg, (long long)f_gg, g.pair_replays);
+  EXPECT_EQ(d_eg, 0);
+  EXPECT_EQ(d_gg, 0);
+  EXPECT_GT(g.kept, 20);
+  EXPECT_GT(g.dropped, 20);
+  EXPECT_EQ(e.pair_replays, 0);
+  EXPECT_EQ(g.pair_replays, g.kept + g.dropped - 2) << "the pairs were not replayed (the first runs eagerly, the second is recorded)";
+  EXPECT_LE(std::max(e.worst, g.worst), 5e-2);
+}
+
+// Single-token decode graphs at Flash shapes (the same 4 synthetic layers, both numerics, the compressor / indexer side
+// branches on): 160 steps from position 100 recorded vs launched op by op, bit for bit.
+TEST(CudaGraph, FlashShapedStepsRecordedMatchEager) {
+  for (Numerics nm : {Numerics::Official, Numerics::Reference}) {
+    std::vector<std::vector<float>> got[2];
+    for (int g = 0; g < 2; ++g) {
+      SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
+      const ModelConfig cfg = syn.cfg;
+      Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g == 1}), nm);
+      const size_t V = static_cast<size_t>(cfg.vocab_size);
+      std::mt19937 rng(5);
+      std::vector<int32_t> toks(300);
+      for (auto& t : toks) t = static_cast<int32_t>(rng() % 100000u + 100u);
+      Forward pre(m, 64), one(m, 1);
+      auto st = m.backend().new_sequence(512);
+      std::vector<float> l1(V);
+      for (int64_t p0 = 0; p0 < 100; p0 += 50) pre.forward(*st, toks.data() + p0, 50, p0, l1.data(), true);
+      for (int64_t p = 100; p < 260; ++p) {
+        one.forward(*st, &toks[static_cast<size_t>(p)], 1, p, l1.data());
+        got[g].push_back(l1);
+      }
+    }
+    int differ = 0;
+    int64_t first = -1;
+    for (size_t r = 0; r < got[0].size(); ++r)
+      if (std::memcmp(got[0][r].data(), got[1][r].data(), got[0][r].size() * 4) != 0) {
+        ++differ;
+        if (first < 0) first = 100 + static_cast<int64_t>(r);
+      }
+    std::printf("[cuda-graph] Flash-shaped single steps, %s: recorded vs eager %d of %zu differ (first at %lld)\n",
+                numerics_name(nm), differ, got[0].size(), (long long)first);
+    EXPECT_EQ(differ, 0) << numerics_name(nm);
+  }
 }
 
 // MTP draft logits on CUDA vs the golden (HF with the MTP block), reference numerics, every chunking (chunk 1 runs
@@ -443,12 +572,13 @@ TEST(CudaBatch, RecordedStepsAreBitIdenticalToEager) {
 // GEMVs and the Flash attention kernels run), 4 sequences at positions across the HCA ratio (128) and the window,
 // then 2 of them in swapped order: recorded vs eager, bit for bit.
 TEST(CudaBatch, FlashShapedRecordedStepsMatchEager) {
+  for (Numerics nm : {Numerics::Official, Numerics::Reference}) {
   std::vector<std::vector<float>> got[2];
   CudaGraphStats st[2];
   for (int g = 0; g < 2; ++g) {
     SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
     const ModelConfig cfg = syn.cfg;
-    Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g == 1}), Numerics::Official);
+    Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g == 1}), nm);
     const size_t V = static_cast<size_t>(cfg.vocab_size);
     std::mt19937 rng(11);
     Forward pre(m, 64), dec(m, 4);
@@ -489,10 +619,11 @@ TEST(CudaBatch, FlashShapedRecordedStepsMatchEager) {
     differ += std::memcmp(got[0][r].data(), got[1][r].data(), got[0][r].size() * 4) != 0;
     for (float v : got[1][r]) ASSERT_TRUE(std::isfinite(v)) << "row " << r;
   }
-  std::printf("[cuda-batch] Flash-shaped recorded vs eager: %d of %zu rows differ; captures %d, replays %d\n", differ,
-              got[0].size(), st[1].captures, st[1].replays);
-  EXPECT_EQ(differ, 0);
+  std::printf("[cuda-batch] Flash-shaped %s recorded vs eager: %d of %zu rows differ; captures %d, replays %d\n",
+              numerics_name(nm), differ, got[0].size(), st[1].captures, st[1].replays);
+  EXPECT_EQ(differ, 0) << numerics_name(nm);
   EXPECT_EQ(st[1].replays, 8 + 3);
+  }
 }
 
 // Per-token decode latency, graph vs eager (median of 5 runs of `steps` single-token steps each, logits downloaded

@@ -368,11 +368,25 @@ class CpuBackend final : public Backend {
     int64_t kv_row(int i, int64_t) const { return i; }
   };
 
+  // A verify pair (Forward::forward_pair): rows that are one sequence's consecutive positions are exactly a chunk
+  // of it, so the *_rows ops run the chunk ops on them (a row sees the earlier row's window entry and compressor
+  // state as a chunk does). Any other repetition of a sequence is not a batch the interface allows.
+  bool pair_rows() const override { return true; }
+  static bool one_sequence_chunk(int n, const int64_t* pos, SequenceState* const* sts) {
+    bool repeat = false, chunk = n > 1;
+    for (int i = 1; i < n; ++i) {
+      chunk = chunk && sts[i] == sts[0] && pos[i] == pos[0] + i;
+      for (int j = 0; j < i; ++j) repeat = repeat || sts[j] == sts[i];
+    }
+    if (repeat && !chunk) fail("batched rows repeat a sequence but are not its consecutive positions");
+    return chunk;
+  }
+
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     qkv_impl(layer, x, n, ChunkRows{pos0, nullptr}, qr, q, kv);
   }
   void attn_qkv_rows(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) override {
-    qkv_impl(layer, x, n, BatchRows{pos, nullptr}, qr, q, kv);
+    qkv_impl(layer, x, n, BatchRows{pos, nullptr}, qr, q, kv);  // position per row, no state: a chunk's arithmetic
   }
   void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                        SequenceState& sst) override {
@@ -380,6 +394,7 @@ class CpuBackend final : public Backend {
   }
   void compressor_step_rows(int layer, CompressorKind which, const float* x, int n, const int64_t* pos,
                             SequenceState* const* sts) override {
+    if (one_sequence_chunk(n, pos, sts)) return compressor_step(layer, which, x, n, pos[0], *sts[0]);
     compressor_impl(layer, which, x, n, BatchRows{pos, sts});
   }
   void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
@@ -388,6 +403,7 @@ class CpuBackend final : public Backend {
   }
   void indexer_topk_rows(int layer, const float* x, const float* qr, int n, const int64_t* pos,
                          SequenceState* const* sts, int32_t* topk) override {
+    if (one_sequence_chunk(n, pos, sts)) return indexer_topk(layer, x, qr, n, pos[0], *sts[0], topk);
     indexer_impl(layer, x, qr, n, BatchRows{pos, sts}, topk);
   }
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
@@ -396,6 +412,7 @@ class CpuBackend final : public Backend {
   }
   void attend_rows(int layer, const float* q, const float* kv, const int32_t* topk, int n, const int64_t* pos,
                    SequenceState* const* sts, float* o) override {
+    if (one_sequence_chunk(n, pos, sts)) return attend(layer, q, kv, topk, n, pos[0], *sts[0], o);
     attend_impl(layer, q, kv, topk, n, BatchRows{pos, sts}, o);
   }
   void window_store(int layer, const float* kv, int n, int64_t pos0, SequenceState& sst) override {
@@ -406,6 +423,7 @@ class CpuBackend final : public Backend {
       std::memcpy(S.ring.data() + ((pos0 + i) % Wn) * D, kv + static_cast<int64_t>(i) * D, static_cast<size_t>(D) * 4);
   }
   void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts) override {
+    if (one_sequence_chunk(n, pos, sts)) return window_store(layer, kv, n, pos[0], *sts[0]);
     const int Wn = c_.window;
     const int64_t D = c_.head_dim;
     for (int i = 0; i < n; ++i) {

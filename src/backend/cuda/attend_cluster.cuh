@@ -173,7 +173,8 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   // The window store of the single token (see attend_merge_kernel: the slot is not read by this step).
   if (a.store_ring && c == 0 && blockIdx.y == 0) {
     float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
-    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];
+    const float* own = a.kv + static_cast<int64_t>(a.kv_back) * a.D;  // this token's row
+    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = own[e];
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 }
@@ -191,5 +192,6 @@ __global__ void __launch_bounds__(256) attend_cluster_rows_kernel(AttendArgs a, 
   const AttendRow& r = rows.r[blockIdx.z];
   a.q = r.q, a.kv = r.kv, a.ring = r.ring, a.comp = r.comp, a.topk = r.topk, a.o = r.o, a.store_ring = r.store_ring;
   a.scratch = r.scratch, a.pos0 = r.pos0, a.n_comp = r.n_comp, a.dpos = r.dpos, a.max_rows = r.max_rows;
+  a.kv_back = r.kv_back;
   attend_cluster_body<CL>(a, res);
 }

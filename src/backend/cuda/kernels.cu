@@ -1824,8 +1824,8 @@ __device__ __forceinline__ const float* attend_row(const AttendArgs& a, int i, i
                                                    bool* skip) {
   *skip = false;
   if (j < nwin) {
-    const int64_t p = wstart + j;
-    return p >= a.pos0 ? a.kv + (p - a.pos0) * a.D : a.ring + (p % a.window) * a.D;
+    const int64_t p = wstart + j, k0 = a.pos0 - a.kv_back;  // kv's first position
+    return p >= k0 ? a.kv + (p - k0) * a.D : a.ring + (p % a.window) * a.D;
   }
   const int c = j - nwin;
   const int64_t visible = (t + 1) / a.ratio;
@@ -3394,7 +3394,7 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
     DSV4_LAUNCHED();
     return;
   }
-  if (n == 1 && heads == kIdxMaxHeads) {  // decode: 4x the blocks (queries staged per block; one token's are 32 KB)
+  if (n <= 4 && heads == kIdxMaxHeads) {  // decode (and a verify pair): 4x the blocks (one token's queries are 32 KB)
     const size_t sm = static_cast<size_t>(idx_smem_floats(16, heads, Di)) * 4;
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);
     launch(indexer_scores_v2<16>, dim3(blocks_for(ld, 16), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
@@ -3532,6 +3532,7 @@ void attend_batch(const AttendArgs& a, const AttendBatch& b, cudaStream_t s) {
       fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned (batch row ", i, ")");
     if (r.store_ring && r.store_ring != r.ring) fail("attention: the fused window store takes the row's own ring");
     if (a.kind == 1 && !r.topk) fail("attention: CSA batch row ", i, " without top-k");
+    if (r.kv_back < 0) fail("attention: batch row ", i, " with kv_back ", r.kv_back);
     max_rows = std::max(max_rows, r.max_rows);
   }
   // As attend()'s single-token cluster launch, for the largest capacity among the rows (res only sizes the resident
@@ -3580,6 +3581,8 @@ void attend(const AttendArgs& a, cudaStream_t s) {
          "head dim (", a.derope_dim, ")");
   if (a.store_ring && (a.n != 1 || a.store_ring != a.ring || attend_uses_tc(a)))
     fail("attention: the fused window store takes one token and the attention's own ring");
+  if (a.kv_back < 0 || (a.kv_back > 0 && (a.n != 1 || a.store_ring || attend_uses_tc(a))))
+    fail("attention: kv rows before the position (kv_back ", a.kv_back, ") take one token without the fused store");
   auto up4 = [](int64_t v) { return (v + 3) / 4 * 4; };  // partial outputs are written as float4
   if (attend_uses_tc(a) && attend_wg_enabled()) {
     // Prefill chunk, official numerics: a query's whole attention per block on warpgroup MMAs (attend_wg.cuh), from

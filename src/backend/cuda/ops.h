@@ -314,6 +314,10 @@ struct AttendArgs {
   // branch): the single-token cluster kernel then requests its rows before griddepcontrol.wait, only the query after
   // it (DSV4_ATTEND_ROWS_EARLY=0: off). The caller's promise; the same values either way.
   bool rows_before_wait = false;
+  // The single-token kernels' window rows: kv holds the kv_back positions before pos0 too (kv points at the first of
+  // them), so they are read there instead of from the ring -- a verify pair's later row reads the earlier row's kv,
+  // which its ring slot does not hold yet (attend_batch runs both rows at once). 0: kv is this token's row only.
+  int kv_back = 0;
 };
 void attend(const AttendArgs& a, cudaStream_t s);
 // Batched decode: one token of each of up to kAttendMaxBatch sequences in ONE launch of the single-token cluster
@@ -327,6 +331,7 @@ struct AttendRow {
   float *o = nullptr, *store_ring = nullptr, *scratch = nullptr;
   int64_t pos0 = 0, n_comp = 0, max_rows = 0;
   const int64_t* dpos = nullptr;
+  int kv_back = 0;  // AttendArgs::kv_back of this row
 };
 struct AttendBatch {
   int n = 0;

@@ -232,14 +232,15 @@ TEST(CudaSpeculative, FlashShapedRecordedPairsMatchPlainSteps) {
 }
 
 // Single-token decode graphs at Flash shapes (the same 4 synthetic layers, both numerics, the compressor / indexer side
-// branches on): 160 steps from position 100 recorded vs launched op by op, bit for bit.
-TEST(CudaGraph, FlashShapedStepsRecordedMatchEager) {
-  for (Numerics nm : {Numerics::Official, Numerics::Reference}) {
-    std::vector<std::vector<float>> got[2];
-    for (int g = 0; g < 2; ++g) {
+// branches on): 160 steps from position 100, recorded twice and launched op by op. Two recorded runs: bit for bit (a
+// race shows here). Recorded vs eager: printed, and within rel L2 1e-4 (reference) / 5e-2 (official) per step.
+void flash_shaped_steps_recorded_match_eager(Numerics nm) {
+  {
+    std::vector<std::vector<float>> got[3];
+    for (int g = 0; g < 3; ++g) {
       SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
       const ModelConfig cfg = syn.cfg;
-      Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g == 1}), nm);
+      Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g >= 1}), nm);
       const size_t V = static_cast<size_t>(cfg.vocab_size);
       std::mt19937 rng(5);
       std::vector<int32_t> toks(300);
@@ -253,18 +254,30 @@ TEST(CudaGraph, FlashShapedStepsRecordedMatchEager) {
         got[g].push_back(l1);
       }
     }
-    int differ = 0;
-    int64_t first = -1;
-    for (size_t r = 0; r < got[0].size(); ++r)
-      if (std::memcmp(got[0][r].data(), got[1][r].data(), got[0][r].size() * 4) != 0) {
-        ++differ;
-        if (first < 0) first = 100 + static_cast<int64_t>(r);
+    auto differ = [&](int x, int y, int64_t* first, double* worst) {
+      int d = 0;
+      *first = -1, *worst = 0;
+      for (size_t r = 0; r < got[x].size(); ++r) {
+        *worst = std::max(*worst, rel_l2(got[x][r], got[y][r]));
+        if (std::memcmp(got[x][r].data(), got[y][r].data(), got[x][r].size() * 4) != 0) {
+          ++d;
+          if (*first < 0) *first = 100 + static_cast<int64_t>(r);
+        }
       }
-    std::printf("[cuda-graph] Flash-shaped single steps, %s: recorded vs eager %d of %zu differ (first at %lld)\n",
-                numerics_name(nm), differ, got[0].size(), (long long)first);
-    EXPECT_EQ(differ, 0) << numerics_name(nm);
+      return d;
+    };
+    int64_t f_eg, f_gg;
+    double w_eg, w_gg;
+    const int d_eg = differ(0, 1, &f_eg, &w_eg), d_gg = differ(1, 2, &f_gg, &w_gg);
+    std::printf("[cuda-graph] Flash-shaped single steps, %s: recorded vs eager %d of %zu differ (first at %lld, worst "
+                "rel L2 %.3g); recorded vs recorded %d differ (first at %lld, worst %.3g)\n",
+                numerics_name(nm), d_eg, got[0].size(), (long long)f_eg, w_eg, d_gg, (long long)f_gg, w_gg);
+    EXPECT_EQ(d_gg, 0) << numerics_name(nm);
+    EXPECT_LE(w_eg, nm == Numerics::Reference ? 1e-4 : 5e-2) << numerics_name(nm);
   }
 }
+TEST(CudaGraph, FlashShapedStepsRecordedMatchEagerReference) { flash_shaped_steps_recorded_match_eager(Numerics::Reference); }
+TEST(CudaGraph, FlashShapedStepsRecordedMatchEagerOfficial) { flash_shaped_steps_recorded_match_eager(Numerics::Official); }
 
 // MTP draft logits on CUDA vs the golden (HF with the MTP block), reference numerics, every chunking (chunk 1 runs
 // the main steps through decode graphs, the MTP block eagerly).

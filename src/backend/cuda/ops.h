@@ -310,9 +310,11 @@ struct AttendArgs {
   const float* derope_inv_freq = nullptr;
   int derope_dim = 0;
   // Every KV row (window ring, this token's kv, compressed entries, top-k) was written before the kernel that precedes
-  // the attention in its stream started (a sliding-window layer; or the compressor / indexer ran on a joined side
-  // branch): the single-token cluster kernel then requests its rows before griddepcontrol.wait, only the query after
-  // it (DSV4_ATTEND_ROWS_EARLY=0: off). The caller's promise; the same values either way.
+  // the attention in its stream started (a sliding-window layer: the ring and attn_qkv's kv; NOT entries from a joined
+  // side branch -- in a captured graph such rows read before the wait raced, as if the join were released when the
+  // branch's last kernel starts: session 25): the single-token cluster kernel then requests its rows before
+  // griddepcontrol.wait, only the query after it (DSV4_ATTEND_ROWS_EARLY=0: off). The caller's promise; the same values
+  // either way.
   bool rows_before_wait = false;
   // The single-token kernels' window rows: kv holds the kv_back positions before pos0 too (kv points at the first of
   // them), so they are read there instead of from the ring -- a verify pair's later row reads the earlier row's kv,

@@ -144,9 +144,10 @@ class Backend {
                            SequenceState* const* sts, float* o);
   virtual void window_store_rows(int layer, const float* kv, int n, const int64_t* pos, SequenceState* const* sts);
   virtual void attn_out_rows(int layer, const float* o, int n, const int64_t* pos, float* out);
-  // Whether the *_rows ops (and begin_decode_batch) also take rows i, i + 1 that are consecutive positions of ONE
-  // sequence, each row seeing the earlier row's effects as a chunk would (its window entry, compressor state, emitted
-  // entries): Forward::forward_pair then runs a speculative verify as a batched step. The defaults above do not (their
+  // Whether the *_rows ops (and begin_decode_batch) also take rows that are ONE sequence at ascending consecutive
+  // positions (and no other sequence), each row seeing the earlier rows' effects as a chunk would (their window
+  // entries, compressor state, emitted entries): Forward::forward_pair then runs a speculative verify as a batched
+  // step. Other repetitions of a sequence are errors. The defaults above do not (their
   // row loop runs every row's attend before any row's window_store), so the default is no.
   virtual bool pair_rows() const { return false; }
   void set_row_dims(const RowDims& d) { rows_ = d; }
@@ -161,9 +162,10 @@ class Backend {
     (void)buffers, (void)st, (void)pos, (void)head;
     return StepMode::Eager;
   }
-  // The same for a batched decode step (Forward::forward_batch, n >= 2 rows; sts / pos as in the *_rows ops, host
-  // arrays): a recording is keyed by the buffers, the head flag and the ordered list of sequences, and reads each
-  // row's position from the backend, so it serves every later step of the same batch. Paired with end_decode_step.
+  // The same for a batched decode step (Forward::forward_batch, and forward_pair's two rows of one sequence; n >= 2
+  // rows; sts / pos as in the *_rows ops, host arrays): a recording is keyed by the buffers, the head flag and the
+  // ordered list of sequences (a pair's: the sequence twice), and reads each row's position from the backend, so it
+  // serves every later step of the same batch. Paired with end_decode_step.
   virtual StepMode begin_decode_batch(const void* buffers, SequenceState* const* sts, const int64_t* pos, int n,
                                       bool head) {
     (void)buffers, (void)sts, (void)pos, (void)n, (void)head;

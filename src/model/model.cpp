@@ -205,34 +205,36 @@ void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const
   // One token of one sequence is an ordinary decode step (and may replay a recorded step on the backend).
   if (n == 1) return forward(*sts[0], ids, 1, pos[0], logits);
   b.upload_i32(ids_, ids, static_cast<size_t>(n));
+  const float* lg = nullptr;
   try {
-    run_rows(sts, pos, n, logits);
+    lg = run_rows(sts, pos, n, logits != nullptr);
   } catch (...) {
     for (int i = 0; i < n; ++i) sts[i]->set_tokens(-1);
     throw;
   }
   for (int i = 0; i < n; ++i) sts[i]->set_tokens(pos[i] + 1);
+  if (logits) b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
 }
 
-void Forward::run_rows(SequenceState* const* sts, const int64_t* pos, int n, float* logits) {
+const float* Forward::run_rows(SequenceState* const* sts, const int64_t* pos, int n, bool with_logits) {
   const ModelConfig& c = m_.config();
   Backend& b = m_.backend();
   last_n_ = -1;  // forward_mtp follows forward() (or forward_pair) only
-  float* lg = logits ? logits_for(n) : nullptr;  // before a recording starts (it may allocate)
+  float* lg = with_logits ? logits_for(n) : nullptr;  // before a recording starts (it may allocate)
   // Like a single-token step, a batched step may be recorded once and replayed whole (Backend::begin_decode_batch).
-  const StepMode mode = b.begin_decode_batch(ids_, sts, pos, n, logits != nullptr);
+  const StepMode mode = b.begin_decode_batch(ids_, sts, pos, n, with_logits);
   try {
     if (mode != StepMode::Replay) {
       b.embed(ids_, n, X_);
       for (int l = 0; l < c.n_layers; ++l) block_rows(l, X_, n, pos, sts, l == 0, l + 1 == c.n_layers);
-      if (logits) b.head(X_, n, lg);
+      if (lg) b.head(X_, n, lg);
     }
   } catch (...) {
     b.end_decode_step(false);
     throw;
   }
   b.end_decode_step(true);
-  if (logits) b.download_f32(logits, lg, static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size));
+  return lg;
 }
 
 void Forward::forward_pair(SequenceState& st, const int32_t* ids, int64_t pos0, float* logits) {
@@ -248,8 +250,9 @@ void Forward::forward_pair(SequenceState& st, const int32_t* ids, int64_t pos0, 
   const int64_t pos[2] = {pos0, pos0 + 1};
   b.upload_i32(ids_, ids, 2);
   last_state_ = nullptr;
+  const float* lg = nullptr;
   try {
-    run_rows(sts, pos, 2, logits);
+    lg = run_rows(sts, pos, 2, logits != nullptr);
   } catch (...) {
     st.set_tokens(-1);
     throw;
@@ -259,6 +262,7 @@ void Forward::forward_pair(SequenceState& st, const int32_t* ids, int64_t pos0, 
   last_n_ = 2;
   last_pos0_ = pos0;
   last_state_ = &st;
+  if (logits) b.download_f32(logits, lg, 2 * static_cast<size_t>(c.vocab_size));
 }
 
 float* Forward::logits_for(int rows) {

@@ -52,10 +52,11 @@ class Forward {
   void forward_batch(SequenceState* const* sts, const int32_t* ids, const int64_t* pos, int n, float* logits);
   // Speculative decoding's verify: two consecutive tokens ids[0..2) of `st` at positions pos0, pos0 + 1, both rows'
   // logits written to logits[2, vocab] (host) -- what forward(st, ids, 2, pos0, logits) computes. On a backend whose
-  // *_rows ops take one sequence's consecutive positions as rows (Backend::pair_rows(): CUDA on one GPU) it runs as a
-  // batched decode step of those two rows, which the backend records once and replays like a single-token step;
-  // otherwise as that two-token chunk. Either way the state advances by one set_tokens() (drop_last() may follow)
-  // and forward_mtp() can run at both positions afterwards.
+  // *_rows ops take one sequence's consecutive positions as rows (Backend::pair_rows(): the CPU, CUDA on one GPU in
+  // official numerics) it runs as a batched decode step of those two rows, which a backend with decode graphs records
+  // once and replays like a single-token step; otherwise as that two-token chunk. Either way the state advances by
+  // one set_tokens() (drop_last() may follow) and forward_mtp() can run at both positions afterwards; no observer
+  // sees it (as no decode step).
   void forward_pair(SequenceState& st, const int32_t* ids, int64_t pos0, float* logits);
   // MTP draft logits for positions [pos0, pos0 + n) of the chunk just run by forward() on `st` (any consecutive run of
   // its rows): position t's main streams + token t+1 (next_ids[i] is the token after position pos0 + i) predict token
@@ -79,8 +80,9 @@ class Forward {
   void block(int layer, float* X, int n, int64_t pos0, SequenceState& st, bool first, bool last);
   void block_rows(int layer, float* X, int n, const int64_t* pos, SequenceState* const* sts, bool first, bool last);
   void ffn_post(int layer, float* X, int n, bool last);
-  // The rows of a batched step (forward_batch, forward_pair) after their checks; sets no sequence's token count.
-  void run_rows(SequenceState* const* sts, const int64_t* pos, int n, float* logits);
+  // The rows of a batched step (forward_batch, forward_pair) after their checks; sets no sequence's token count and
+  // downloads nothing: returns the [n, vocab] logits in backend memory when with_logits (else nullptr).
+  const float* run_rows(SequenceState* const* sts, const int64_t* pos, int n, bool with_logits);
   void check_position(const SequenceState& st, int64_t pos0, int n) const;
   Model& m_;
   int max_chunk_;

@@ -1102,8 +1102,10 @@ class CudaBackend final : public Backend {
       as.clear();
     }
     // Otherwise such rows go one by one, each row's kv stored before the next row's attention (fused into attend() or
-    // stored right after it; window_store_rows then skips it).
-    if (rows_repeat_sequence(sts, n)) {
+    // stored right after it; window_store_rows then skips it). A sequence repeated in any other way is no batch.
+    if (rows_repeat_sequence(sts, n) && !chunk)
+      fail("CUDA backend: batched rows repeat a sequence but are not its consecutive positions");
+    if (chunk) {
       qkv_q_ = qkv_kv_ = nullptr;  // and no row requests its ring rows before the previous row's store is done
       for (int i = 0; i < n; ++i) {
         RowScope r(this, i);

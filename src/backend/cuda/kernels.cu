@@ -3394,7 +3394,7 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
     DSV4_LAUNCHED();
     return;
   }
-  if (n <= 4 && heads == kIdxMaxHeads) {  // decode (and a verify pair): 4x the blocks (one token's queries are 32 KB)
+  if (n <= 4 && heads == kIdxMaxHeads) {  // decode, a verify pair, short chunks: 4x the blocks (same bits, kIdxParts)
     const size_t sm = static_cast<size_t>(idx_smem_floats(16, heads, Di)) * 4;
     set_smem(reinterpret_cast<const void*>(indexer_scores_v2<16>), sm);
     launch(indexer_scores_v2<16>, dim3(blocks_for(ld, 16), n), 256, sm, s, q, wts, keys, heads, Di, pos0, ratio, n_keys,
@@ -3532,7 +3532,8 @@ void attend_batch(const AttendArgs& a, const AttendBatch& b, cudaStream_t s) {
       fail("attention: q, kv, ring, compressed cache, scratch and output must be 16-byte aligned (batch row ", i, ")");
     if (r.store_ring && r.store_ring != r.ring) fail("attention: the fused window store takes the row's own ring");
     if (a.kind == 1 && !r.topk) fail("attention: CSA batch row ", i, " without top-k");
-    if (r.kv_back < 0) fail("attention: batch row ", i, " with kv_back ", r.kv_back);
+    if (r.kv_back < 0 || (r.kv_back > 0 && r.store_ring))
+      fail("attention: batch row ", i, " with kv_back ", r.kv_back, r.store_ring ? " and the fused store (its slot is read by the earlier rows)" : "");
     max_rows = std::max(max_rows, r.max_rows);
   }
   // As attend()'s single-token cluster launch, for the largest capacity among the rows (res only sizes the resident

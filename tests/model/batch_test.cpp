@@ -1,7 +1,8 @@
 // Batched decode across sequences (Forward::forward_batch): one token of each of several sequences at DIFFERENT
 // positions per forward must give every sequence exactly the logits it gets running alone with forward() — through
 // compressor ratio boundaries, the sliding window and changing batch membership — on the CPU backend's fused *_rows
-// ops and on the Backend defaults (a row loop over the single-sequence ops, what the CUDA backend inherits).
+// ops and on the Backend defaults (a row loop over the single-sequence ops, what the CUDA backend inherits); and the
+// speculative verify pair (Forward::forward_pair) against its two-token chunk.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -118,6 +119,78 @@ TEST(Batch, RejectsBadInputs) {
   // forward() checks the chunk position the same way.
   EXPECT_THROW(fwd.forward(*a, ids.data() + 3, 1, 3, lg.data()), Error);
   fwd.forward(*a, ids.data() + 4, 1, 4, lg.data());
+}
+
+// Speculation's verify pair (Forward::forward_pair): two consecutive tokens of ONE sequence as a batched step. On the
+// CPU (pair_rows) its rows run as their chunk, so both rows' logits are bit-identical to forward() of the two-token
+// chunk, across compressor emissions and window wraps, and the state goes on identically (kept, or after drop_last).
+// A backend without pair_rows (the Backend defaults) takes the chunk itself. The MTP block can start at either row.
+TEST(Batch, PairEqualsItsTwoTokenChunk) {
+  for (const std::string name : {"flash_fp8", "flash_bf16"}) {
+    const std::string dir = fixtures_dir() + "/" + name;
+    auto ids = read_bin<int32_t>(dir + "/ids.bin");
+    for (int wrapped = 0; wrapped < 2; ++wrapped) {
+      std::unique_ptr<Backend> be = make_cpu_backend();
+      if (wrapped) be = std::make_unique<DefaultRowsBackend>(std::move(be));
+      EXPECT_EQ(be->pair_rows(), wrapped == 0);
+      Model m(dir, std::move(be), Numerics::Official);
+      const size_t V = static_cast<size_t>(m.config().vocab_size);
+      Forward pre(m, 16), pair(m, 2), chunk(m, 2), one(m, 1);
+      auto a = m.backend().new_sequence(256), b = m.backend().new_sequence(256);
+      std::vector<float> la(2 * V), lb(2 * V), l1(V), l2(V);
+      std::vector<int32_t> toks;
+      for (int i = 0; i < 120; ++i) toks.push_back(ids[static_cast<size_t>(i) % ids.size()]);
+      pre.forward(*a, toks.data(), 9, 0, nullptr);
+      pre.forward(*b, toks.data(), 9, 0, nullptr);
+      int64_t p = 9;
+      int differ = 0, pairs = 0;
+      while (p + 2 < static_cast<int64_t>(toks.size())) {
+        const bool keep = (p % 3) != 1;
+        a->prepare_drop_last();
+        b->prepare_drop_last();
+        pair.forward_pair(*a, &toks[static_cast<size_t>(p)], p, la.data());
+        EXPECT_TRUE(pair.holds_streams(*a, p) && pair.holds_streams(*a, p + 1));
+        chunk.forward(*b, &toks[static_cast<size_t>(p)], 2, p, lb.data());  // the two-token chunk, rolled back alike
+        differ += std::memcmp(la.data(), lb.data(), la.size() * 4) != 0;
+        ++pairs;
+        if (!keep) a->drop_last(), b->drop_last();
+        p += keep ? 2 : 1;
+        // The next single token on both states: the same logits.
+        one.forward(*a, &toks[static_cast<size_t>(p)], 1, p, l1.data());
+        one.forward(*b, &toks[static_cast<size_t>(p)], 1, p, l2.data());
+        differ += std::memcmp(l1.data(), l2.data(), V * 4) != 0;
+        ++p;
+      }
+      std::printf("[batch] %-10s %s: %d pairs, %d of %d comparisons differ\n", name.c_str(),
+                  wrapped ? "default rows (chunk path)" : "cpu pair rows", pairs, differ, 2 * pairs);
+      EXPECT_EQ(differ, 0) << name << (wrapped ? " default rows" : " pair rows");
+      EXPECT_GT(pairs, 20);
+    }
+  }
+}
+
+TEST(Batch, PairRejectsBadInputs) {
+  const std::string dir = fixtures_dir() + "/flash_bf16";
+  auto ids = read_bin<int32_t>(dir + "/ids.bin");
+  Model m(dir, make_cpu_backend(), Numerics::Reference);
+  const size_t V = static_cast<size_t>(m.config().vocab_size);
+  Forward one(m, 1), pair(m, 2);
+  auto a = m.backend().new_sequence(64);
+  std::vector<float> lg(2 * V);
+  pair.forward(*a, ids.data(), 2, 0, nullptr);
+  EXPECT_THROW(one.forward_pair(*a, ids.data() + 2, 2, lg.data()), Error);  // a one-token Forward
+  EXPECT_THROW(pair.forward_pair(*a, ids.data() + 2, 3, lg.data()), Error);  // not where the sequence ends
+  const int32_t bad[] = {ids[2], static_cast<int32_t>(V)};
+  EXPECT_THROW(pair.forward_pair(*a, bad, 2, lg.data()), Error);
+  EXPECT_EQ(a->tokens(), 2);  // nothing ran
+  pair.forward_pair(*a, ids.data() + 2, 2, lg.data());
+  EXPECT_EQ(a->tokens(), 4);
+  // The *_rows ops take one sequence only as ascending consecutive positions.
+  float* kv = m.backend().alloc_f32(2 * static_cast<size_t>(m.config().head_dim));
+  SequenceState* twice[] = {a.get(), a.get()};
+  const int64_t gap[] = {4, 6}, back[] = {5, 4};
+  EXPECT_THROW(m.backend().window_store_rows(0, kv, 2, gap, twice), Error);
+  EXPECT_THROW(m.backend().window_store_rows(0, kv, 2, back, twice), Error);
 }
 
 }  // namespace

@@ -173,8 +173,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   // The window store of the single token (see attend_merge_kernel: the slot is not read by this step).
   if (a.store_ring && c == 0 && blockIdx.y == 0) {
     float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
-    const float* own = a.kv + static_cast<int64_t>(a.kv_back) * a.D;  // this token's row
-    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = own[e];
+    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];  // kv_back is 0 with the store
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 }

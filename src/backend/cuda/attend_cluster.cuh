@@ -35,6 +35,12 @@ template <int CL>
 __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
+  // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
+  // do not wait on its round trip after the wait.
+  if (a.dpos) {
+    a.pos0 = *a.dpos;
+    a.n_comp = (a.pos0 + 1) / a.ratio;
+  }
   // a.rows_before_wait: the first batch of rows is requested before pdl_wait (every row predates the previous kernel;
   // only the query comes from it), so their DRAM round trip overlaps that kernel.
   if (!a.rows_before_wait) pdl_wait();
@@ -46,10 +52,6 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   __shared__ float stats[kAttHeads * 2];  // this chunk's (max, sum exp) per head: read by the whole cluster
   __shared__ float Ms[kAttHeads];
   __shared__ double Zs[kAttHeads];
-  if (a.dpos) {
-    a.pos0 = *a.dpos;
-    a.n_comp = (a.pos0 + 1) / a.ratio;
-  }
   const int c = static_cast<int>(cluster.block_rank()), h0 = blockIdx.y * kAttHeads;
   const int hn = min(kAttHeads, a.H - h0);
   const AttGeom g = att_geom(a, 0);

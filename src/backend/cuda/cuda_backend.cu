@@ -396,6 +396,8 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, kMaxGraphRows * sizeof(int64_t)));
+    moe_sum_count_ = static_cast<unsigned*>(heap_.alloc(sizeof(unsigned)));
+    DSV4_CU(cudaMemset(moe_sum_count_, 0, sizeof(unsigned)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
@@ -821,8 +823,7 @@ class CudaBackend final : public Backend {
       // the previous row's scores (on kSideIdx) have read them.
       if (fork && idx_scores_pending_) DSV4_CU(cudaStreamWaitEvent(s_, idx_done_ev_, 0));
       lin(L.idx_wq_b, qr, n, qI);
-      plain(L.idx_wproj, x, n, wI);
-      if (official_) cuda::round_bf16(wI, static_cast<int64_t>(n) * Hi, s_);
+      plain(L.idx_wproj, x, n, wI, official_);  // official: the head weights BF16-rounded (the CPU's bf16 linear)
       cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_, dpos());
       if (fork) DSV4_CU(cudaEventRecord(idx_q_ev_, s_));
     }
@@ -958,11 +959,10 @@ class CudaBackend final : public Backend {
   }
   // One GPU: every *_rows op takes a verify pair's rows (attend_rows reads the earlier row's kv from the batch, the
   // compressor and indexer rows run in order; the rest is per row or position-free). TP ranks keep the chunk path.
-  // Official numerics only, for now: the Flash-shaped reference-numerics pair run (session 25) was off the plain steps
-  // by rel L2 ~1e-3 -- measured before the single-token graphs' early-row race was found (attend(): the sequence's
-  // plain steps between the pairs raced too), so it could not show whether the reference pair itself is exact. Until
-  // a clean run does, reference numerics -- a validation mode -- keep the two-token chunk, which the fixture tests pin.
-  bool pair_rows() const override { return tp_ == 1 && official_; }
+  // Reference numerics too (cuda::pair_rows_reference_enabled, default on): session 26's clean run (after the
+  // single-token graphs' early-row race was fixed) had the Flash-shaped reference pairs bit-identical eager / recorded /
+  // recorded again and 2.2e-7 off the plain steps.
+  bool pair_rows() const override { return tp_ == 1 && (official_ || cuda::pair_rows_reference_enabled()); }
   // Rows that are one sequence's consecutive positions (a verify pair): its chunk of n tokens at pos[0].
   static bool one_sequence_chunk(int n, const int64_t* pos, SequenceState* const* sts) {
     if (n < 2) return false;
@@ -1439,6 +1439,13 @@ class CudaBackend final : public Backend {
         }
       }
       a.official = official_ && tp_ == 1;
+      // One token on one GPU with the shared expert fused or absent: the down launch's last block writes the MoE sum
+      // (moe_reduce's function, bit for bit) -- no moe_reduce kernel after it.
+      if (tp_ == 1 && !fork && (fuse || !L.has_shared) && cuda::expert_down_sums(a)) {
+        a.sum_out = out, a.sum_count = moe_sum_count_;
+        cuda::expert_down(a, s_);
+        return;
+      }
       cuda::expert_down(a, s_);
     }
     part.reset();
@@ -1825,10 +1832,11 @@ class CudaBackend final : public Backend {
     a.x_bf16_exact = official_ && W.low_precision();  // the caller passes input_for(W): QA8 exactly when this holds
     cuda::linear(W, a, s_);
   }
-  // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites).
-  void plain(const DevLinear& W, const float* x, int n, float* y) {
+  // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites); round: y BF16-rounded
+  // by the GEMV's epilogue (the same bf16r as a round_bf16 pass after it, one launch fewer).
+  void plain(const DevLinear& W, const float* x, int n, float* y, bool round = false) {
     cuda::LinearArgs a;
-    a.x = x, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out;
+    a.x = x, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = round;
     cuda::linear(W, a, s_);
   }
 
@@ -2021,6 +2029,7 @@ class CudaBackend final : public Backend {
   // The position of the step being run in graph mode (device scalar; a batched step: one per row).
   static constexpr int kMaxGraphRows = 64;
   int64_t* dpos_ = nullptr;
+  unsigned* moe_sum_count_ = nullptr;  // the down launches' MoE-sum counter (ExpertArgs::sum_count), 0 between launches
   bool dyn_ = false;              // ops in graph mode: kernels read dpos_, scratch sized for the max context
   bool batch_step_ = false;       // the graph-mode step is a batched one (begin_decode_batch)
   bool pair_step_ = false;        // the batched step's rows are one sequence's consecutive positions (a verify pair)

@@ -112,6 +112,11 @@ __device__ __forceinline__ void trace_point() {
   const unsigned int i = atomicAdd(&g_trace_n, 1u);
   if (i < g_trace_cap) buf[i] = t;
 }
+// Reads a kernel may issue BEFORE pdl_wait: constants (weights, norm weights, RoPE frequencies), data the kernel two or
+// more back in the same stream wrote, and the graph step's position (dpos): the host copies it into its device buffer
+// in stream order before the step's first kernel, and every kernel of the step starts after that one started (docs/
+// ARCHITECTURE.md, "reads before a PDL wait"). Reading dpos first takes its round trip off the chain of loads that
+// depend on the position (the visible entries, the window rows).
 __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   trace_point();
@@ -1298,6 +1303,30 @@ __device__ __forceinline__ float comp_pool(int ns, Get get) {
   return static_cast<float>(num / den);
 }
 
+// comp_pool's function with the ns <= MAXS values loaded first, all in flight at once, then the same max and the same
+// sums in the same order: bit-identical. comp_pool's loop loads one position per iteration behind the previous one's
+// use (a single-token step: up to 2 x 8 dependent L2 round trips for an overlapping CSA window).
+template <int MAXS, typename Get>
+__device__ __forceinline__ float comp_pool_regs(int ns, Get get) {
+  float z[MAXS], kv[MAXS];
+#pragma unroll
+  for (int s = 0; s < MAXS; ++s)
+    if (s < ns) get(s, z[s], kv[s]);
+  float zmax = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < MAXS; ++s)
+    if (s < ns) zmax = fmaxf(zmax, z[s]);
+  double den = 0.0, num = 0.0;
+#pragma unroll
+  for (int s = 0; s < MAXS; ++s)
+    if (s < ns) {
+      const double e = z[s] == -INFINITY ? 0.0 : exp(static_cast<double>(z[s] - zmax));
+      den += e;
+      num += e * kv[s];
+    }
+  return static_cast<float>(num / den);
+}
+
 // An emitted entry (pooled in `entry`, all c columns) finished and stored: [official] BF16, RMSNorm, RoPE at the
 // window's first position, then SIM8 of the nope dims (main) or Hadamard + SIM4 (indexer).
 __device__ __forceinline__ void comp_finish(const CompressorArgs& a, float* entry, double* red, int64_t t, float* dst) {
@@ -1323,38 +1352,62 @@ __device__ __forceinline__ void comp_finish(const CompressorArgs& a, float* entr
 // state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the emitted
 // entry is finished block-wide (norm, RoPE, quantization simulation).
 __global__ void compressor_kernel(CompressorArgs a) {
+  const int64_t pos0 = a.dpos ? *a.dpos : a.pos0;  // before the wait: a step constant (see pdl_wait)
   pdl_wait();
   extern __shared__ float entry[];
   __shared__ double red[32];
   const int m = a.ratio;
   const int c = static_cast<int>(a.width);
   const int W = a.overlap ? 2 * c : c;
-  const int64_t pos0 = a.dpos ? *a.dpos : a.pos0;
   const int64_t count0 = a.dpos ? pos0 / m : a.count0;
   int64_t emitted = 0;
   for (int i = 0; i < a.n; ++i) {
     const int64_t t = pos0 + i;
     const int r = static_cast<int>(t % m);
     const int row = a.overlap ? m + r : r;
+    // Loads first, then stores (the state may alias K / Z as far as the compiler knows: interleaved, every store held
+    // the next load back by a round trip).
+    const int nh = a.overlap ? 2 : 1;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
-      for (int h = 0; h < (a.overlap ? 2 : 1); ++h) {
-        const int col = j + h * c;
-        a.sK[row * W + col] = a.K[static_cast<int64_t>(i) * W + col];
-        a.sZ[row * W + col] = a.Z[static_cast<int64_t>(i) * W + col] + a.ape[r * W + col];
-      }
+      float kh[2], zh[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (h < nh) {
+          const int col = j + h * c;
+          kh[h] = a.K[static_cast<int64_t>(i) * W + col];
+          zh[h] = a.Z[static_cast<int64_t>(i) * W + col] + a.ape[r * W + col];
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (h < nh) a.sK[row * W + j + h * c] = kh[h], a.sZ[row * W + j + h * c] = zh[h];
     }
     if ((t + 1) % m != 0) continue;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
-      entry[j] = comp_pool(a.overlap ? 2 * m : m, [&](int s, float& z, float& kv) {
+      auto get = [&](int s, float& z, float& kv) {
         const int64_t x = s < m ? s * W + j : s * W + c + j;
         z = a.sZ[x], kv = a.sK[x];
-      });
-      if (a.overlap)  // this window becomes the previous one (own columns only)
+      };
+      const int ns = a.overlap ? 2 * m : m;
+      entry[j] = ns <= 8 ? comp_pool_regs<8>(ns, get) : comp_pool(ns, get);
+      if (a.overlap && m <= 4) {  // this window becomes the previous one (own columns only): loads, then stores
+        float ck[4][2], cz[4][2];
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          if (s < m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ck[s][h] = a.sK[(m + s) * W + j + h * c], cz[s][h] = a.sZ[(m + s) * W + j + h * c];
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          if (s < m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a.sK[s * W + j + h * c] = ck[s][h], a.sZ[s * W + j + h * c] = cz[s][h];
+      } else if (a.overlap) {
         for (int s = 0; s < m; ++s)
           for (int h = 0; h < 2; ++h) {
             a.sK[s * W + j + h * c] = a.sK[(m + s) * W + j + h * c];
             a.sZ[s * W + j + h * c] = a.sZ[(m + s) * W + j + h * c];
           }
+      }
     }
     __syncthreads();
     comp_finish(a, entry, red, t, a.cache + (count0 + emitted) * c);
@@ -1439,15 +1492,27 @@ __global__ void add_streams_kernel(const float* hp, const float* ep, int n, int 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, const float* inv_freq, int64_t pos0,
                                  bool official, const int64_t* dpos) {
-  pdl_wait();
+  // The position and this thread's RoPE frequency (constants: see pdl_wait) before the wait; then only the queries'
+  // round trip is left after it.
   if (dpos) pos0 = *dpos;
+  const int pairs = static_cast<int>(R / 2);
+  const bool pair_per_thread = pairs <= static_cast<int>(blockDim.x);
+  const float f = pair_per_thread && static_cast<int>(threadIdx.x) < pairs ? inv_freq[threadIdx.x] : 0.0f;
+  pdl_wait();
   extern __shared__ float v[];
   const int row = blockIdx.x;
   float* qh = q + row * Di;
   const int n = static_cast<int>(Di);
   for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = qh[i];
   __syncthreads();
-  block_rope(v + (Di - R), inv_freq, static_cast<int>(R / 2), pos0 + row / heads, false);
+  if (pair_per_thread) {  // block_rope with one pair per thread
+    float* x = v + (Di - R);
+    const int i = static_cast<int>(threadIdx.x);
+    if (i < pairs) rope_pair(x[2 * i], x[2 * i + 1], static_cast<float>(pos0 + row / heads), f, false);
+    __syncthreads();
+  } else {
+    block_rope(v + (Di - R), inv_freq, pairs, pos0 + row / heads, false);
+  }
   if (official) {
     block_round_bf16(v, n);
     block_hadamard(v, n);
@@ -1591,11 +1656,11 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
                                                          int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
                                                          bool official, float* scores, int64_t ld, const int64_t* dpos) {
   constexpr int kGroups = 256 / KEYS, kGroupHeads = (kIdxMaxHeads + kGroups - 1) / kGroups;
-  pdl_wait();
   if (dpos) {  // graph mode: the chunk (gridDim.y tokens) has made (pos0 + n) / ratio entries exist
-    pos0 = *dpos;
+    pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
     n_keys = (pos0 + gridDim.y) / ratio;
   }
+  pdl_wait();
   extern __shared__ __align__(16) float4 ism[];  // see idx_smem_floats
   constexpr int kPer = (kGroupHeads + 3) / 4;  // partials per thread
   static_assert(kGroups * kPer == kIdxParts, "16 partials of 4 heads");
@@ -1701,9 +1766,9 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
                                                                  int k, int P, int cache, int32_t* topk,
-                                                                 const int64_t* dpos) {
+                                                                 const int64_t* dpos, bool warp_hist) {
+  if (dpos) pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
   pdl_wait();
-  if (dpos) pos0 = *dpos;
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
@@ -1738,9 +1803,25 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
       const uint32_t dmask = pass == 2 ? 1023u : 2047u;
       int* h = hist[pass & 1];
       for (int j = threadIdx.x; j < kTopkBins; j += blockDim.x) hist[(pass + 1) & 1][j] = 0;
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        const uint32_t u = key_at(i);
-        if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & dmask], 1);
+      // warp_hist (DSV4_TOPK_WARP_HIST=1, measurement): the lanes of a warp that fall in one bin add their count with
+      // one atomic (the leader's) -- scores cluster in a few top-11-bit bins (one exponent, two mantissa bits), where
+      // per-entry atomics serialize on the same addresses. Same counts, same select.
+      if (!warp_hist) {
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+          const uint32_t u = key_at(i);
+          if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & dmask], 1);
+        }
+      } else
+      for (int64_t b = threadIdx.x - lane; b < V; b += blockDim.x) {
+        const int64_t i = b + lane;
+        const uint32_t u = i < V ? key_at(i) : 0u;
+        const bool take = i < V && (u & mask) == prefix;
+        const unsigned act = __ballot_sync(0xffffffffu, take);
+        if (take) {
+          const uint32_t bin = (u >> shift) & dmask;
+          const unsigned peers = __match_any_sync(act, bin);
+          if (lane == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
+        }
       }
       __syncthreads();
       // Thread i holds digits 2047 - 2i (c.y) and 2046 - 2i (c.x): descending digit order is ascending thread order,
@@ -2620,30 +2701,57 @@ __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k,
 // moe_reduce_kernel's function with a float4 per thread and the token from blockIdx.y (d % 4 == 0, 16-byte aligned
 // rows): the per-element version (a 64-bit division and k dependent scalar loads per element) ran at ~2.1 TB/s, 443 us
 // per 8K-token Flash layer (ncu, one H200). The same per-element sum: double, slots in order, then the shared expert.
+constexpr int kMoeReduceBatch = 8;  // slots whose loads moe_sum4 issues together (Flash 6, Pro 6)
+// One float4 column j of the MoE sum: y's k slot rows (row stride d4 float4s) in order, then the shared expert's row
+// ys (null: none), summed in double, [official] BF16-rounded -- the CPU's order. CG: loads through L2 (__ldcg), for
+// rows other blocks of the same launch wrote (expert_ring_kernel's sum tail).
+template <bool CG>
+__device__ __forceinline__ float4 moe_sum4(const float4* y, int64_t d4, int k, const float4* ys, int64_t j, bool official) {
+  auto ld = [](const float4* p) { return CG ? __ldcg(p) : *p; };
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  if (k <= kMoeReduceBatch) {
+    // Every slot's load (and the shared expert's) first, then the sums in the same order: the runtime-k loop issued
+    // one load per iteration behind the previous one's add.
+    float4 v[kMoeReduceBatch + 1];
+#pragma unroll
+    for (int sl = 0; sl < kMoeReduceBatch; ++sl)
+      if (sl < k) v[sl] = ld(y + static_cast<int64_t>(sl) * d4 + j);
+    if (ys) v[kMoeReduceBatch] = ld(ys + j);
+#pragma unroll
+    for (int sl = 0; sl < kMoeReduceBatch; ++sl)
+      if (sl < k) acc[0] += v[sl].x, acc[1] += v[sl].y, acc[2] += v[sl].z, acc[3] += v[sl].w;
+    if (ys) {
+      const float4 w = v[kMoeReduceBatch];
+      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
+    }
+  } else {
+    for (int sl = 0; sl < k; ++sl) {
+      const float4 w = ld(y + static_cast<int64_t>(sl) * d4 + j);
+      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
+    }
+    if (ys) {
+      const float4 w = ld(ys + j);
+      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
+    }
+  }
+  float o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    o[e] = static_cast<float>(acc[e]);
+    if (official) o[e] = bf16r(o[e]);
+  }
+  return make_float4(o[0], o[1], o[2], o[3]);
+}
 __global__ void __launch_bounds__(256) moe_reduce_v4_kernel(const float* y, const float* ys, int n, int k, int64_t d,
                                                             bool official, float* out) {
   pdl_wait();
   const int64_t d4 = d / 4;
   for (int t = blockIdx.y; t < n; t += gridDim.y) {
+    const float4* yt = reinterpret_cast<const float4*>(y + static_cast<int64_t>(t) * k * d);
+    const float4* yst = ys ? reinterpret_cast<const float4*>(ys + static_cast<int64_t>(t) * d) : nullptr;
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d4;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      double acc[4] = {0.0, 0.0, 0.0, 0.0};
-      for (int sl = 0; sl < k; ++sl) {
-        const float4 v = reinterpret_cast<const float4*>(y + (static_cast<int64_t>(t) * k + sl) * d)[j];
-        acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
-      }
-      if (ys) {
-        const float4 v = reinterpret_cast<const float4*>(ys + static_cast<int64_t>(t) * d)[j];
-        acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
-      }
-      float o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        o[e] = static_cast<float>(acc[e]);
-        if (official) o[e] = bf16r(o[e]);
-      }
-      reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * d)[j] = make_float4(o[0], o[1], o[2], o[3]);
-    }
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * d)[j] = moe_sum4<false>(yt, d4, k, yst, j, official);
   }
 }
 
@@ -3408,6 +3516,13 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
   DSV4_LAUNCHED();
 }
 
+namespace {
+std::atomic<bool> g_topk_warp_hist{[] {
+  const char* e = std::getenv("DSV4_TOPK_WARP_HIST");
+  return e && std::string(e) == "1";
+}()};
+}  // namespace
+void set_topk_warp_hist(bool on) { g_topk_warp_hist.store(on, std::memory_order_relaxed); }
 void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s,
                const int64_t* dpos) {
   if (n <= 0) return;
@@ -3421,7 +3536,8 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
   // A few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
   const unsigned split = n <= 4 ? kTopkSplit : 1;
-  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
+  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos,
+         g_topk_warp_hist.load(std::memory_order_relaxed));
   DSV4_LAUNCHED();
 }
 
@@ -3693,6 +3809,12 @@ bool attend_store_fuse_enabled() { return g_attend_store_fuse_on.load(std::memor
 std::atomic<bool> g_attend_rows_early_on{switch_on("DSV4_ATTEND_ROWS_EARLY")};
 bool attend_rows_early_enabled() { return g_attend_rows_early_on.load(std::memory_order_relaxed); }
 void set_attend_rows_early(bool on) { g_attend_rows_early_on.store(on, std::memory_order_relaxed); }
+// The verify pair as two rows (CudaBackend::pair_rows) in reference numerics too (default; DSV4_PAIR_ROWS_REFERENCE=0 /
+// false: the two-token chunk there). Session 26, one H200: the Flash-shaped reference pairs bit-identical eager /
+// recorded / recorded again, 2.2e-7 off the plain steps; the fixture test 2.5e-6 (ops.h).
+std::atomic<bool> g_pair_rows_reference_on{switch_on("DSV4_PAIR_ROWS_REFERENCE")};
+bool pair_rows_reference_enabled() { return g_pair_rows_reference_on.load(std::memory_order_relaxed); }
+void set_pair_rows_reference(bool on) { g_pair_rows_reference_on.store(on, std::memory_order_relaxed); }
 
 // The vectorised expert kernels need whole 16-byte chunks per row (expert matrices are separate cudaMalloc buffers,
 // so row starts are then 16-byte aligned) and a 16-byte aligned activation (x for gate/up, act_q for down).
@@ -4091,6 +4213,16 @@ bool expert_down_stages_x(const ExpertArgs& a) {
   return !expert_tc_ok(a, a.act_q) && !grouped_ok(a, a.act_q) && expert_vector_ok(a, a.act_q) && use_xs(a.I);
 }
 
+// The decode down launch folds the MoE sum in (ExpertArgs::sum_out; DSV4_MOE_SUM_FOLD=0 / set_moe_sum_fold(false):
+// moe_reduce after it, A/B): one token on the ring launch (expert_down's path choice below).
+std::atomic<bool> g_moe_sum_fold_on{switch_on("DSV4_MOE_SUM_FOLD")};
+void set_moe_sum_fold(bool on) { g_moe_sum_fold_on.store(on, std::memory_order_relaxed); }
+bool expert_down_sums(const ExpertArgs& a) {
+  return g_moe_sum_fold_on.load(std::memory_order_relaxed) && a.n == 1 && a.d % 4 == 0 && !expert_tc2_eligible(a, false) &&
+         !expert_tc_ok(a, a.act_q) && !grouped_ok(a, a.act_q) && expert_vector_ok(a, a.act_q) &&
+         expert_ring_fits(a, ring_x_floats(a, false));
+}
+
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   // Checked first: every path but the decode ring launch would drop a fused shared expert.
@@ -4179,6 +4311,8 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.sum_out && (!expert_down_sums(a) || !a.sum_count || !aligned16(a.sum_out) || !aligned16(a.y)))
+    fail("expert_down: the MoE sum cannot be folded into this launch (expert_down_sums, a counter, aligned rows)");
   if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);

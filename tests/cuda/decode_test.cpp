@@ -385,7 +385,6 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_attend_derope_fuse(on);
     cuda::set_hc_defer_sinkhorn(on);
     cuda::set_expert_stage_batch(on);
-    cuda::set_moe_sum_fold(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;

@@ -892,31 +892,6 @@ void run_experts(int n, bool grouped, int64_t d = 4096) {
         const auto fa = fact.get(), fyv = fy.get();
         EXPECT_EQ(0, std::memcmp(fa.data() + k * I, sact.get().data(), static_cast<size_t>(I) * 4)) << "fused: shared act";
         EXPECT_EQ(0, std::memcmp(fyv.data() + k * d, sy.get().data(), static_cast<size_t>(d) * 4)) << "fused: shared y";
-        {
-          // The MoE sum folded into the down launch (sum_out): moe_reduce's bits, with the fused shared expert and
-          // without one, twice each (the launch leaves its counter at 0 for the next).
-          DBuf<uint32_t> cnt(std::vector<uint32_t>{0u});
-          DBuf<float> want(static_cast<size_t>(d)), got(static_cast<size_t>(d));
-          for (const bool with_sh : {true, false})
-            for (int rep = 0; rep < 2; ++rep) {
-              cu::ExpertArgs g = with_sh ? f : one;
-              DBuf<float> gy(static_cast<size_t>((k + 1) * d));
-              g.y = gy.p;
-              ASSERT_TRUE(cu::expert_down_sums(g));
-              DSV4_CU(cudaMemset(got.p, 0xFF, static_cast<size_t>(d) * 4));
-              g.sum_out = got.p, g.sum_count = cnt.p;
-              cu::expert_down(g, nullptr);
-              cu::moe_reduce(gy.p, with_sh ? gy.p + k * d : nullptr, 1, k, d, official, want.p, nullptr);
-              EXPECT_EQ(0, std::memcmp(got.get().data(), want.get().data(), static_cast<size_t>(d) * 4))
-                  << "down launch's MoE sum" << (with_sh ? " with the shared expert" : "") << ", launch " << rep;
-              EXPECT_EQ(cnt.get()[0], 0u) << "the counter is left at 0";
-              EXPECT_EQ(0, std::memcmp(gy.get().data(), (with_sh ? fyv : y1.get()).data(), static_cast<size_t>(k * d) * 4))
-                  << "the slots' rows as without the sum";
-            }
-          cu::set_moe_sum_fold(false);
-          EXPECT_FALSE(cu::expert_down_sums(f)) << "DSV4_MOE_SUM_FOLD off";
-          cu::set_moe_sum_fold(true);
-        }
         cu::free_linear(S13), cu::free_linear(S2);
       }
       if (official) {  // ... and with QA8 applied while staging (the official decode path): the same bits again
@@ -1847,7 +1822,7 @@ TEST(CudaOps, MoeReduceSumsEverySlot) {
 // Scores drawn from few distinct values force long tie runs across the k boundary (all three radix passes and the
 // tie cut); distinct values stop the select early; rows longer than the shared-memory cache take the uncached path;
 // rows of exactly k and shorter than k (padded with -1). Each case runs as 2 rows (decode: the ordering split over
-// blocks) and as 6 rows (one block per row), with either histogram (set_topk_warp_hist).
+// blocks) and as 6 rows (one block per row).
 TEST(CudaOps, TopkExactTies) {
   std::mt19937 g(77);
   struct Case {
@@ -1857,9 +1832,7 @@ TEST(CudaOps, TopkExactTies) {
   for (const Case c : {Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
                        Case{4096, 512, 100000}, Case{8192, 512, 0}, Case{70000, 512, 13}, Case{70000, 512, 0},
                        Case{513, 512, 4}, Case{513, 512, 0}, Case{300, 512, 5}, Case{5000, 4, 3}, Case{3000, 2048, 0}})
-    for (int n : {2, 6, -2, -6}) {  // negative: the same rows with the warp-aggregated histogram
-      const bool warp_hist = n < 0;
-      n = std::abs(n);
+    for (const int n : {2, 6}) {
       const int ratio = 4;
       const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query n-2 one fewer (ld 513: k)
       std::uniform_int_distribution<int> pick(0, std::max(c.distinct - 1, 0));
@@ -1876,9 +1849,7 @@ TEST(CudaOps, TopkExactTies) {
       DBuf<float> dsc(sc);
       DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
       DSV4_CU(cudaMemset(dtop.p, 0x55, dtop.n * sizeof(int32_t)));  // every slot must be written
-      cu::set_topk_warp_hist(warp_hist);
       cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
-      cu::set_topk_warp_hist(false);
       auto got = dtop.get();
       for (int i = 0; i < n; ++i) {
         const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);

@@ -396,8 +396,6 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, kMaxGraphRows * sizeof(int64_t)));
-    moe_sum_count_ = static_cast<unsigned*>(heap_.alloc(sizeof(unsigned)));
-    DSV4_CU(cudaMemset(moe_sum_count_, 0, sizeof(unsigned)));
     DSV4_CU(cudaDeviceSynchronize());
   }
   ~CudaBackend() override {
@@ -1439,13 +1437,6 @@ class CudaBackend final : public Backend {
         }
       }
       a.official = official_ && tp_ == 1;
-      // One token on one GPU with the shared expert fused or absent: the down launch's last block writes the MoE sum
-      // (moe_reduce's function, bit for bit) -- no moe_reduce kernel after it.
-      if (tp_ == 1 && !fork && (fuse || !L.has_shared) && cuda::expert_down_sums(a)) {
-        a.sum_out = out, a.sum_count = moe_sum_count_;
-        cuda::expert_down(a, s_);
-        return;
-      }
       cuda::expert_down(a, s_);
     }
     part.reset();
@@ -2029,7 +2020,6 @@ class CudaBackend final : public Backend {
   // The position of the step being run in graph mode (device scalar; a batched step: one per row).
   static constexpr int kMaxGraphRows = 64;
   int64_t* dpos_ = nullptr;
-  unsigned* moe_sum_count_ = nullptr;  // the down launches' MoE-sum counter (ExpertArgs::sum_count), 0 between launches
   bool dyn_ = false;              // ops in graph mode: kernels read dpos_, scratch sized for the max context
   bool batch_step_ = false;       // the graph-mode step is a batched one (begin_decode_batch)
   bool pair_step_ = false;        // the batched step's rows are one sequence's consecutive positions (a verify pair)

@@ -218,8 +218,8 @@ __device__ __forceinline__ void expert_store_y(const ExpertArgs& a, int j, int64
 // XROWS (F16R only; the batched launch of expert_rows_*): gate/up stages a.x_rows rows of x, slot j reading row
 // j / (k / x_rows); a separate instantiation so that the single-token kernels keep their code.
 template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false, bool F16R = false, bool XROWS = false>
-__device__ __forceinline__ void expert_ring_body(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
-                                                 bool balance, bool batch) {
+__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
+                                                           bool balance, bool batch) {
   static_assert(!F16R || MMA_ONLY, "the f16 routed walk is instantiated on the MMA-only kernel");
   static_assert(!XROWS || F16R, "several x rows: the f16 walk only");
   const int x_rows = XROWS ? a.x_rows : 1;
@@ -544,36 +544,5 @@ __device__ __forceinline__ void expert_ring_body(ExpertArgs a, int blk, WRow sh,
     });
     if constexpr (!GATE_UP)
       if (has_sh) walk_shared(std::false_type{}, Role0{});
-  }
-}
-
-// The down launch's MoE sum (ExpertArgs::sum_out, decode): moe_reduce's function -- the k slot rows in order, then
-// the fused shared expert's row k, in double, [official] BF16 (moe_sum4) -- computed by the launch's LAST block to
-// finish, instead of by a kernel of its own after it (5.2-5.4 us on every layer's critical path in the decode trace:
-// a kernel boundary plus 4 blocks' dependent round trips). Every thread fences its y stores before its block counts
-// itself in; the block that brings sum_count to gridDim.x reads the rows through L2 and resets the counter for the
-// next launch (graph replays). The same bits as moe_reduce (the op test compares them).
-__device__ __forceinline__ void expert_sum_tail(const ExpertArgs& a, bool has_sh) {
-  __shared__ unsigned s_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(a.sum_count, 1u) == gridDim.x - 1 ? 1u : 0u;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  const int64_t d4 = a.d / 4;
-  const float4* y = reinterpret_cast<const float4*>(a.y);
-  const float4* ys = has_sh ? y + static_cast<int64_t>(a.k) * d4 : nullptr;
-  for (int64_t j = threadIdx.x; j < d4; j += blockDim.x)
-    reinterpret_cast<float4*>(a.sum_out)[j] = moe_sum4<true>(y, d4, a.k, ys, j, a.official);
-  if (threadIdx.x == 0) *a.sum_count = 0u;
-}
-
-template <int F, bool GATE_UP, typename C, bool MMA_ONLY = false, bool F16R = false, bool XROWS = false>
-__global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int blk, WRow sh, bool has_sh, int mma, int parts, bool once,
-                                                           bool balance, bool batch) {
-  expert_ring_body<F, GATE_UP, C, MMA_ONLY, F16R, XROWS>(a, blk, sh, has_sh, mma, parts, once, balance, batch);
-  if constexpr (!GATE_UP) {
-    if (a.sum_out) expert_sum_tail(a, has_sh);
   }
 }

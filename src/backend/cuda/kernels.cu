@@ -1766,7 +1766,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
                                                                  int k, int P, int cache, int32_t* topk,
-                                                                 const int64_t* dpos, bool warp_hist) {
+                                                                 const int64_t* dpos) {
   if (dpos) pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
   pdl_wait();
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
@@ -1803,25 +1803,9 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
       const uint32_t dmask = pass == 2 ? 1023u : 2047u;
       int* h = hist[pass & 1];
       for (int j = threadIdx.x; j < kTopkBins; j += blockDim.x) hist[(pass + 1) & 1][j] = 0;
-      // warp_hist (DSV4_TOPK_WARP_HIST=1, measurement): the lanes of a warp that fall in one bin add their count with
-      // one atomic (the leader's) -- scores cluster in a few top-11-bit bins (one exponent, two mantissa bits), where
-      // per-entry atomics serialize on the same addresses. Same counts, same select.
-      if (!warp_hist) {
-        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-          const uint32_t u = key_at(i);
-          if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & dmask], 1);
-        }
-      } else
-      for (int64_t b = threadIdx.x - lane; b < V; b += blockDim.x) {
-        const int64_t i = b + lane;
-        const uint32_t u = i < V ? key_at(i) : 0u;
-        const bool take = i < V && (u & mask) == prefix;
-        const unsigned act = __ballot_sync(0xffffffffu, take);
-        if (take) {
-          const uint32_t bin = (u >> shift) & dmask;
-          const unsigned peers = __match_any_sync(act, bin);
-          if (lane == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
-        }
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const uint32_t u = key_at(i);
+        if ((u & mask) == prefix) atomicAdd(&h[(u >> shift) & dmask], 1);
       }
       __syncthreads();
       // Thread i holds digits 2047 - 2i (c.y) and 2046 - 2i (c.x): descending digit order is ascending thread order,
@@ -2703,11 +2687,8 @@ __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k,
 // per 8K-token Flash layer (ncu, one H200). The same per-element sum: double, slots in order, then the shared expert.
 constexpr int kMoeReduceBatch = 8;  // slots whose loads moe_sum4 issues together (Flash 6, Pro 6)
 // One float4 column j of the MoE sum: y's k slot rows (row stride d4 float4s) in order, then the shared expert's row
-// ys (null: none), summed in double, [official] BF16-rounded -- the CPU's order. CG: loads through L2 (__ldcg), for
-// rows other blocks of the same launch wrote (expert_ring_kernel's sum tail).
-template <bool CG>
+// ys (null: none), summed in double, [official] BF16-rounded -- the CPU's order.
 __device__ __forceinline__ float4 moe_sum4(const float4* y, int64_t d4, int k, const float4* ys, int64_t j, bool official) {
-  auto ld = [](const float4* p) { return CG ? __ldcg(p) : *p; };
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   if (k <= kMoeReduceBatch) {
     // Every slot's load (and the shared expert's) first, then the sums in the same order: the runtime-k loop issued
@@ -2715,8 +2696,8 @@ __device__ __forceinline__ float4 moe_sum4(const float4* y, int64_t d4, int k, c
     float4 v[kMoeReduceBatch + 1];
 #pragma unroll
     for (int sl = 0; sl < kMoeReduceBatch; ++sl)
-      if (sl < k) v[sl] = ld(y + static_cast<int64_t>(sl) * d4 + j);
-    if (ys) v[kMoeReduceBatch] = ld(ys + j);
+      if (sl < k) v[sl] = y[static_cast<int64_t>(sl) * d4 + j];
+    if (ys) v[kMoeReduceBatch] = ys[j];
 #pragma unroll
     for (int sl = 0; sl < kMoeReduceBatch; ++sl)
       if (sl < k) acc[0] += v[sl].x, acc[1] += v[sl].y, acc[2] += v[sl].z, acc[3] += v[sl].w;
@@ -2726,11 +2707,11 @@ __device__ __forceinline__ float4 moe_sum4(const float4* y, int64_t d4, int k, c
     }
   } else {
     for (int sl = 0; sl < k; ++sl) {
-      const float4 w = ld(y + static_cast<int64_t>(sl) * d4 + j);
+      const float4 w = y[static_cast<int64_t>(sl) * d4 + j];
       acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
     }
     if (ys) {
-      const float4 w = ld(ys + j);
+      const float4 w = ys[j];
       acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
     }
   }
@@ -2751,7 +2732,7 @@ __global__ void __launch_bounds__(256) moe_reduce_v4_kernel(const float* y, cons
     const float4* yst = ys ? reinterpret_cast<const float4*>(ys + static_cast<int64_t>(t) * d) : nullptr;
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d4;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x)
-      reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * d)[j] = moe_sum4<false>(yt, d4, k, yst, j, official);
+      reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * d)[j] = moe_sum4(yt, d4, k, yst, j, official);
   }
 }
 
@@ -3516,13 +3497,6 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
   DSV4_LAUNCHED();
 }
 
-namespace {
-std::atomic<bool> g_topk_warp_hist{[] {
-  const char* e = std::getenv("DSV4_TOPK_WARP_HIST");
-  return e && std::string(e) == "1";
-}()};
-}  // namespace
-void set_topk_warp_hist(bool on) { g_topk_warp_hist.store(on, std::memory_order_relaxed); }
 void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s,
                const int64_t* dpos) {
   if (n <= 0) return;
@@ -3536,8 +3510,7 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
   // A few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
   const unsigned split = n <= 4 ? kTopkSplit : 1;
-  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos,
-         g_topk_warp_hist.load(std::memory_order_relaxed));
+  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
   DSV4_LAUNCHED();
 }
 
@@ -4213,16 +4186,6 @@ bool expert_down_stages_x(const ExpertArgs& a) {
   return !expert_tc_ok(a, a.act_q) && !grouped_ok(a, a.act_q) && expert_vector_ok(a, a.act_q) && use_xs(a.I);
 }
 
-// The decode down launch folds the MoE sum in (ExpertArgs::sum_out; DSV4_MOE_SUM_FOLD=0 / set_moe_sum_fold(false):
-// moe_reduce after it, A/B): one token on the ring launch (expert_down's path choice below).
-std::atomic<bool> g_moe_sum_fold_on{switch_on("DSV4_MOE_SUM_FOLD")};
-void set_moe_sum_fold(bool on) { g_moe_sum_fold_on.store(on, std::memory_order_relaxed); }
-bool expert_down_sums(const ExpertArgs& a) {
-  return g_moe_sum_fold_on.load(std::memory_order_relaxed) && a.n == 1 && a.d % 4 == 0 && !expert_tc2_eligible(a, false) &&
-         !expert_tc_ok(a, a.act_q) && !grouped_ok(a, a.act_q) && expert_vector_ok(a, a.act_q) &&
-         expert_ring_fits(a, ring_x_floats(a, false));
-}
-
 void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   // Checked first: every path but the decode ring launch would drop a fused shared expert.
@@ -4311,8 +4274,6 @@ void expert_gate_up(const ExpertArgs& a, cudaStream_t s) {
 
 void expert_down(const ExpertArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  if (a.sum_out && (!expert_down_sums(a) || !a.sum_count || !aligned16(a.sum_out) || !aligned16(a.y)))
-    fail("expert_down: the MoE sum cannot be folded into this launch (expert_down_sums, a counter, aligned rows)");
   if (a.shared2 && !expert_ring_shared_ok(a)) fail("expert_down: a shared expert was passed but cannot be fused");
   if (a.qa8_act && !expert_down_stages_x(a)) fail("expert_down: qa8_act on a path that does not stage act");
   const int blk = fp4_block(a.fmt);

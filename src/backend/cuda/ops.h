@@ -276,9 +276,6 @@ void set_indexer_wg(bool on);
 bool indexer_uses_wg(int n, int heads, int64_t Di, bool official, const int64_t* dpos);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
                cudaStream_t s, const int64_t* dpos = nullptr);
-// The radix passes' histogram with warp-aggregated atomics (DSV4_TOPK_WARP_HIST=1 / true; off: one atomic per entry).
-// The same counts: the same top-k either way.
-void set_topk_warp_hist(bool on);
 
 // Sparse attention with sink. Rows per query t = pos0 + i: window positions max(0, t-W+1)..t (this chunk's kv for
 // positions >= pos0, else ring[p % W]), then compressed rows: kind 1 (CSA) topk[i, :] (skipping -1), kind 2 (HCA)
@@ -458,12 +455,6 @@ struct ExpertArgs {
   bool tiles = false;
   // Internal to expert_rows_gate_up: the single-token launch over several tokens' slots, x holding x_rows rows.
   int x_rows = 1;
-  // Decode down (expert_down_sums(): one token on the ring launch): the launch also writes moe_reduce's result --
-  // y's k slots, then the fused shared expert's slot k where shared2 is set, [official] BF16 -- to sum_out [d], so
-  // that no moe_reduce follows. sum_count: a device counter that is 0 before the launch and is left 0 after it (one
-  // per stream of launches; launches on one stream may share it).
-  float* sum_out = nullptr;
-  unsigned* sum_count = nullptr;
 };
 // Batched decode (2 .. kGemmMinTokens - 1 tokens, official MXFP4 experts staged with QA8, no fused shared expert):
 // the routed experts on the single-token f16 MMA walk, several tokens' k slots per launch (up to 16 slots: two
@@ -545,10 +536,6 @@ bool expert_ring_eligible(const ExpertArgs& a, bool gate_up);
 bool expert_ring_shared_ok(const ExpertArgs& a);
 bool expert_gate_up_stages_x(const ExpertArgs& a);
 bool expert_down_stages_x(const ExpertArgs& a);
-// Whether expert_down takes ExpertArgs::sum_out for these arguments (one token on the decode ring launch; DSV4_MOE_SUM_FOLD=0
-// / set_moe_sum_fold(false): never, moe_reduce then follows).
-bool expert_down_sums(const ExpertArgs& a);
-void set_moe_sum_fold(bool on);
 constexpr int kMoeGroupedMinTokens = 16;
 // Counting sort of the n*k routed slots by expert on the device: offsets [E + 1], perm [n*k].
 void moe_group(const int32_t* sel, int nk, int E, int32_t* offsets, int32_t* perm, cudaStream_t s);

@@ -109,6 +109,12 @@ class Backend {
   // then overwritten by the pre. One op so that a backend can fuse the two (a sub-layer's output into the next
   // sub-layer's input); the default runs them one after the other.
   virtual void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x);
+  // moe(layer, x, ids, n, y) then hc_post_pre(y, post, comb, n, X, next_layer, site, x_next): the FFN's output
+  // straight into the next sub-layer's mHC (x_next may be x: the pre overwrites it after the experts read it). One op
+  // so that a backend can sum the experts' outputs inside the post (y is then scratch the op may leave unwritten);
+  // the default runs the two ops one after the other.
+  virtual void moe_post_pre(int layer, const float* x, const int32_t* ids, int n, float* y, float* post, float* comb,
+                            float* X, int next_layer, HcSite site, float* x_next);
   // Query path and this chunk's window KV: qr[n, q_lora] (normed, also the indexer's input), q[n, H, D] (per-head
   // norm + RoPE at its position), kv[n, D] (norm, RoPE, and SIM8 in official mode).
   virtual void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) = 0;

@@ -35,6 +35,12 @@ void Backend::hc_post_pre(const float* y, float* post, float* comb, int n, float
   hc_pre(layer, site, X, n, x, post, comb);
 }
 
+void Backend::moe_post_pre(int layer, const float* x, const int32_t* ids, int n, float* y, float* post, float* comb,
+                           float* X, int next_layer, HcSite site, float* x_next) {
+  moe(layer, x, ids, n, y);
+  hc_post_pre(y, post, comb, n, X, next_layer, site, x_next);
+}
+
 // Default batched ops: the single-sequence op once per row.
 static const RowDims& dims_or_fail(const Backend& b) {
   const RowDims& d = b.row_dims();
@@ -155,16 +161,20 @@ void Forward::block(int l, float* X, int n, int64_t pos0, SequenceState& st, boo
   b.hc_post_pre(y_, post_, comb_, n, X, l, HcSite::Ffn, x_);
   if (observer_ && n > 1) observer_(l, "attn", X, n);
   // FFN sub-layer.
-  b.moe(l, x_, ids_, n, y_);
-  ffn_post(l, X, n, last);
+  ffn(l, X, n, last);
   if (observer_ && n > 1) observer_(l, "ffn", X, n);
 }
 
-// The FFN's mHC post of block l, fused with block l + 1's attention pre unless l is the last block of its stack.
-void Forward::ffn_post(int l, float* X, int n, bool last) {
+// The FFN of block l and its mHC post, fused with block l + 1's attention pre unless l is the last block of its stack
+// (the experts' output straight into that post: Backend::moe_post_pre).
+void Forward::ffn(int l, float* X, int n, bool last) {
   Backend& b = m_.backend();
-  if (last) b.hc_post(y_, post_, comb_, n, X);
-  else b.hc_post_pre(y_, post_, comb_, n, X, l + 1, HcSite::Attn, x_);
+  if (last) {
+    b.moe(l, x_, ids_, n, y_);
+    b.hc_post(y_, post_, comb_, n, X);
+  } else {
+    b.moe_post_pre(l, x_, ids_, n, y_, post_, comb_, X, l + 1, HcSite::Attn, x_);
+  }
 }
 
 // The same block for one token of each of n sequences (forward_batch): position/state ops use their *_rows form.
@@ -185,8 +195,7 @@ void Forward::block_rows(int l, float* X, int n, const int64_t* pos, SequenceSta
   b.window_store_rows(l, kv_, n, pos, sts);
   b.attn_out_rows(l, o_, n, pos, y_);
   b.hc_post_pre(y_, post_, comb_, n, X, l, HcSite::Ffn, x_);
-  b.moe(l, x_, ids_, n, y_);
-  ffn_post(l, X, n, last);
+  ffn(l, X, n, last);
 }
 
 void Forward::forward_batch(SequenceState* const* sts, const int32_t* ids, const int64_t* pos, int n, float* logits) {

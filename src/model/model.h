@@ -79,7 +79,7 @@ class Forward {
   // first: the block runs its own attention hc_pre; last: its FFN hc_post is not fused with a next block's hc_pre.
   void block(int layer, float* X, int n, int64_t pos0, SequenceState& st, bool first, bool last);
   void block_rows(int layer, float* X, int n, const int64_t* pos, SequenceState* const* sts, bool first, bool last);
-  void ffn_post(int layer, float* X, int n, bool last);
+  void ffn(int layer, float* X, int n, bool last);
   // The rows of a batched step (forward_batch, forward_pair) after their checks; sets no sequence's token count and
   // downloads nothing: returns the [n, vocab] logits in backend memory when with_logits (else nullptr).
   const float* run_rows(SequenceState* const* sts, const int64_t* pos, int n, bool with_logits);

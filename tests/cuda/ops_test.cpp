@@ -1493,6 +1493,19 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
         if (kind == 0) {
           EXPECT_EQ(same, got.size()) << w2 << ": the split kernels' chunks, the same values";
         }
+        if (size == 16) {  // 16 vs 8 heads per block (the default): every head's arithmetic unchanged, the same bits
+          const int was = cu::attend_heads();
+          cu::set_attend_heads(was == 8 ? 16 : 8);
+          cu::fill_f32(d2.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
+          cu::attend(a, nullptr);
+          const vector<float> got8 = d2.get();
+          cu::set_attend_heads(was);
+          EXPECT_EQ(std::memcmp(got8.data(), got.data(), got.size() * sizeof(float)), 0) << w2 << ": 8 vs 16 heads per block";
+          std::printf("[op] %s, %d vs %d heads per block: %s (16-block clusters resident at once: %d)\n", w2.c_str(), was,
+                      was == 8 ? 16 : 8,
+                      std::memcmp(got8.data(), got.data(), got.size() * sizeof(float)) == 0 ? "the same bits" : "DIFFERENT",
+                      cu::attend_cluster16_max_active());
+        }
       }
       cu::set_attend_cluster(-1);
       a.o = dout.p;
@@ -2203,6 +2216,120 @@ TEST(CudaOps, MhcPostPreFused) {
         expect_close(fused.comb, out.comb, false, "mhc fused pre comb");
       }
     }
+}
+
+// The router's extra block finishing a deferred comb (RouterArgs::comb; the decode step's FFN comb): a one-token pre
+// that leaves comb's logits, then the router with comb, must leave exactly the comb of a pre that ran the Sinkhorn
+// itself, and the same selection and weights as the router alone. Hash routing too (tid2eid), at Flash's widths.
+TEST(CudaOps, RouterFinalizesDeferredComb) {
+  const int hc = 4, iters = 20, E = 256, k = 6;
+  const int64_t d = 4096;
+  const float eps = 1e-6f;
+  std::mt19937 g(83);
+  const MhcSite site(g, hc, d);
+  const vector<float> X = randn(static_cast<size_t>(hc * d), g), logits = randn(E, g);
+  vector<int32_t> tid2eid(static_cast<size_t>(50) * k), ids{17};
+  for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = static_cast<int32_t>((i * 37) % E);
+  DBuf<float> dX(X), dfn(site.fn), dbase(site.base), dscale(site.scale), dnw(site.nw), dlog(logits);
+  DBuf<int32_t> dt2e(tid2eid), dids(ids);
+  for (bool hash : {false, true})
+    for (bool official : {false, true}) {
+      SCOPED_TRACE(testing::Message() << (hash ? "hash" : "score") << (official ? " official" : " reference"));
+      auto pre = [&](bool logits_only) {
+        DBuf<float> dx(static_cast<size_t>(d)), dpost(hc), dcomb(hc * hc);
+        DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(1, hc, d)));
+        cu::HcPreArgs a;
+        a.X = dX.p, a.n = 1, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+        a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p;
+        a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p, a.comb_logits = logits_only;
+        cu::hc_pre(a, nullptr);
+        return dcomb.get();
+      };
+      const vector<float> want = pre(false), lg = pre(true);
+      ASSERT_NE(std::memcmp(want.data(), lg.data(), want.size() * 4), 0) << "the pre left the final comb: nothing deferred";
+      auto route = [&](float* comb, vector<int32_t>& sel, vector<float>& wts) {
+        DBuf<float> dwts(static_cast<size_t>(k));
+        DBuf<int32_t> dsel(static_cast<size_t>(k));
+        cu::RouterArgs r;
+        r.logits = dlog.p, r.n = 1, r.E = E, r.k = k, r.func = 0, r.norm_topk = true, r.scaling = 1.5f;
+        if (hash) r.tid2eid = dt2e.p, r.ids = dids.p;
+        r.sel = dsel.p, r.wts = dwts.p;
+        if (comb) r.comb = comb, r.comb_eps = eps, r.comb_iters = iters;
+        cu::router(r, nullptr);
+        sel = dsel.get(), wts = dwts.get();
+      };
+      DBuf<float> dcomb(lg);
+      vector<int32_t> sel0, sel1;
+      vector<float> w0, w1;
+      route(nullptr, sel0, w0);
+      route(dcomb.p, sel1, w1);
+      EXPECT_EQ(std::memcmp(dcomb.get().data(), want.data(), want.size() * 4), 0) << "comb after the router";
+      EXPECT_EQ(sel0, sel1);
+      EXPECT_EQ(std::memcmp(w0.data(), w1.data(), w0.size() * 4), 0) << "routing weights";
+    }
+}
+
+// hc_post_pre summing the MoE's expert rows itself (MoeSlots: the decode step's moe_post_pre) against moe_reduce into
+// y and then hc_post_pre reading y: bit-identical streams and pre outputs at both models' widths, for one token (the
+// deferred Sinkhorn too) and a batched step's rows, with and without a shared expert row. The expert rows are large
+// and of mixed sign so that a dropped, repeated or reordered slot changes the sum's bits.
+TEST(CudaOps, MhcPostPreSumsMoeSlots) {
+  const int hc = 4, iters = 20, k = 6;
+  const float eps = 1e-6f;
+  for (int64_t d : {int64_t{4096}, int64_t{7168}})
+    for (int n : {1, 5})
+      for (bool defer : {false, true}) {
+        if (defer && n != 1) continue;
+        std::mt19937 g(static_cast<unsigned>(d + 3 * n + defer));
+        const MhcSite prev(g, hc, d), next(g, hc, d);
+        const vector<float> X = randn(static_cast<size_t>(n * hc * d), g);
+        vector<float> ye = randn(static_cast<size_t>(n) * k * d, g), ys = randn(static_cast<size_t>(n * d), g);
+        for (auto& v : ye) v *= 300.0f;
+        for (bool shared : {true, false})
+          for (bool official : {false, true}) {
+            SCOPED_TRACE(testing::Message() << "d=" << d << " n=" << n << (defer ? " deferred" : "") << (shared ? " shared" : "")
+                                            << (official ? " official" : " reference"));
+            const MhcPreRef in = mhc_pre_ref(X, n, hc, d, prev.fn, prev.base, prev.scale, prev.nw, iters, eps, official);
+            DBuf<float> dfn(next.fn), dbase(next.base), dscale(next.scale), dnw(next.nw), dye(ye), dys(ys);
+            struct Out {
+              vector<float> X, x, post, comb;
+            };
+            auto run = [&](bool slots) {
+              DBuf<float> dX(X), dx(static_cast<size_t>(n * d)), dpost(in.post), dcomb(in.comb), dy(static_cast<size_t>(n * d));
+              DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
+              cu::HcPreArgs a;
+              a.X = dX.p, a.n = n, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+              a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p,
+              a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p;
+              cu::HcCombIn ci;
+              if (defer) ci.sinkhorn_iters = iters, ci.eps = eps;  // comb then holds an earlier pre's logits: fine for both
+              EXPECT_TRUE(cu::hc_post_pre_sums_slots(a, ci));
+              if (slots) {
+                cu::fill_f32(dy.p, n * d, std::nanf(""), nullptr);  // y must not be read
+                cu::hc_post_pre(dy.p, dpost.p, dcomb.p, dX.p, a, nullptr, ci, cu::MoeSlots{dye.p, shared ? dys.p : nullptr, k});
+              } else {
+                cu::moe_reduce(dye.p, shared ? dys.p : nullptr, n, k, d, official, dy.p, nullptr);
+                cu::hc_post_pre(dy.p, dpost.p, dcomb.p, dX.p, a, nullptr, ci);
+              }
+              return Out{dX.get(), dx.get(), dpost.get(), dcomb.get()};
+            };
+            const Out reduced = run(false), summed = run(true);
+            auto same_bits = [](const vector<float>& a, const vector<float>& b, const char* what) {
+              ASSERT_EQ(a.size(), b.size()) << what;
+              EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " differs from moe_reduce + hc_post_pre";
+            };
+            same_bits(summed.X, reduced.X, "X");
+            same_bits(summed.x, reduced.x, "x");
+            same_bits(summed.post, reduced.post, "post");
+            same_bits(summed.comb, reduced.comb, "comb");
+          }
+      }
+  // Where the post does not sum slots (a prefill-sized chunk), passing them is an error, not a silent y read.
+  cu::HcPreArgs a;
+  a.n = 100, a.hc = hc, a.d = 4096;
+  EXPECT_FALSE(cu::hc_post_pre_sums_slots(a, cu::HcCombIn{}));
+  DBuf<float> dummy(static_cast<size_t>(16));
+  EXPECT_ANY_THROW(cu::hc_post_pre(dummy.p, dummy.p, dummy.p, nullptr, a, nullptr, cu::HcCombIn{}, cu::MoeSlots{dummy.p, nullptr, 6}));
 }
 
 // A prefill-sized pre (>= 64 tokens: comb's Sinkhorns one thread per token, hc_sinkhorn_rows_kernel) against the same

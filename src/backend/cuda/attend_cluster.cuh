@@ -31,8 +31,12 @@ __host__ __device__ inline size_t att_cl_smem_bytes(int res, int64_t D) {
   return static_cast<size_t>(res) * D * 4 + static_cast<size_t>(kAttHeads) * res * 4 + static_cast<size_t>(res) * (8 + 4);
 }
 
-template <int CL>
+// HB: heads per block (16, or 8: twice the blocks -- 8 clusters of 16 for 64 heads -- each with half the score and
+// p * v work; the 8 warps' second heads of att_tile_scores / att_chunk_stats are then empty). Every head's arithmetic
+// is the same either way (the chunks depend on H only), so the two give the same bits.
+template <int CL, int HB>
 __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
+  static_assert(HB == 16 || HB == 8, "heads per block: 16 or 8 (att_tile_scores: warp w takes heads w and w + 8)");
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
@@ -49,11 +53,11 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   float* P = tile + static_cast<int64_t>(res) * a.D;                 // [16][res]
   const float** rp = reinterpret_cast<const float**>(P + kAttHeads * res);
   int* valid = reinterpret_cast<int*>(rp + res);
-  __shared__ float stats[kAttHeads * 2];  // this chunk's (max, sum exp) per head: read by the whole cluster
-  __shared__ float Ms[kAttHeads];
-  __shared__ double Zs[kAttHeads];
-  const int c = static_cast<int>(cluster.block_rank()), h0 = blockIdx.y * kAttHeads;
-  const int hn = min(kAttHeads, a.H - h0);
+  __shared__ float stats[HB * 2];  // this chunk's (max, sum exp) per head: read by the whole cluster
+  __shared__ float Ms[HB];
+  __shared__ double Zs[HB];
+  const int c = static_cast<int>(cluster.block_rank()), h0 = blockIdx.y * HB;
+  const int hn = min(HB, a.H - h0);
   const AttGeom g = att_geom(a, 0);
   // The split kernels' chunks at this position (att_split), ceil(chunks / CL) whole ones per block: with at most CL
   // chunks (a sliding-window layer, a short context) every block is one split-KV chunk and the result is the split
@@ -106,16 +110,17 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   }
   __syncthreads();
 
-  // 3. p * v over the chunk's rows, in row order: thread (dim group gi of 4 dims, head half hf of 8 heads).
+  // 3. p * v over the chunk's rows, in row order: thread (dim group gi of 4 dims, head half hf of HB / 2 heads).
+  constexpr int HH = HB / 2;
   const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
-  float4 acc[8];
+  float4 acc[HH];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k = 0; k < HH; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int b0 = r0; b0 < r1; b0 += res) {
     const int nb = min(res, r1 - b0);
     __syncthreads();  // P (and, when reloading, the rows) of the previous batch are no longer read
     if (!resident) att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
-    for (int x = threadIdx.x; x < kAttHeads * nb; x += blockDim.x) {
+    for (int x = threadIdx.x; x < HB * nb; x += blockDim.x) {
       const int hh = x / nb, r = x % nb;
       float p = 0.0f;
       if (hh < hn) {
@@ -133,18 +138,18 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       for (int r = 0; r < nb; ++r) {
         const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float p = P[(hf * 8 + k) * res + r];
+        for (int k = 0; k < HH; ++k) {
+          const float p = P[(hf * HH + k) * res + r];
           acc[k].x += p * v.x, acc[k].y += p * v.y, acc[k].z += p * v.z, acc[k].w += p * v.w;
         }
       }
     }
   }
   __syncthreads();  // the rows are no longer read: their memory takes the partial output
-  float* part = tile;  // [16][D]
+  float* part = tile;  // [HB][D]
   if (hf < 2) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) reinterpret_cast<float4*>(part + static_cast<int64_t>(hf * 8 + k) * a.D)[gi] = acc[k];
+    for (int k = 0; k < HH; ++k) reinterpret_cast<float4*>(part + static_cast<int64_t>(hf * HH + k) * a.D)[gi] = acc[k];
   }
   cluster.sync();  // every chunk's partial output is visible to the cluster
 
@@ -180,19 +185,19 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
-template <int CL>
+template <int CL, int HB = 16>
 __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int res) {
-  attend_cluster_body<CL>(a, res);
+  attend_cluster_body<CL, HB>(a, res);
 }
 
 // Batched decode (attend_batch): grid.z = the batch's rows, each a single token of its own sequence -- row z's
 // pointers and position replace a's, the rest (the layer) is shared. Every row is exactly attend_cluster_kernel of
 // that token alone (same chunking, same sums), with the rows' clusters in one launch instead of one launch per row.
-template <int CL>
+template <int CL, int HB = 16>
 __global__ void __launch_bounds__(256) attend_cluster_rows_kernel(AttendArgs a, int res, AttendBatch rows) {
   const AttendRow& r = rows.r[blockIdx.z];
   a.q = r.q, a.kv = r.kv, a.ring = r.ring, a.comp = r.comp, a.topk = r.topk, a.o = r.o, a.store_ring = r.store_ring;
   a.scratch = r.scratch, a.pos0 = r.pos0, a.n_comp = r.n_comp, a.dpos = r.dpos, a.max_rows = r.max_rows;
   a.kv_back = r.kv_back;
-  attend_cluster_body<CL>(a, res);
+  attend_cluster_body<CL, HB>(a, res);
 }

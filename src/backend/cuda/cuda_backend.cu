@@ -1307,7 +1307,29 @@ class CudaBackend final : public Backend {
     if (tp_ > 1 && official_) pending_ = Pending{Pending::Round, out, nullptr, n};
   }
 
-  void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override {
+  void moe(int layer, const float* x, const int32_t* ids, int n, float* out) override { moe_run(layer, x, ids, n, out, nullptr); }
+
+  // Decode and batched decode on one GPU: the experts' rows go to the post, which sums them (cuda::MoeSlots) instead of
+  // a moe_reduce launch writing y for it to read (same function, same bits; DSV4_HC_MOE_SUM=0: the two ops).
+  void moe_post_pre(int layer, const float* x, const int32_t* ids, int n, float* y, float* post, float* comb, float* X,
+                    int next_layer, HcSite site, float* x_next) override {
+    // ... and a deferred comb (one token) gets its Sinkhorn from the router's extra block, beside the routing, so the
+    // post reads it final: in the post's prologue it could not overlap the expert launches, which fill every SM.
+    const bool comb_by_router = tp_ == 1 && defer_sinkhorn(n) && cuda::router_sinkhorn_enabled();
+    const cuda::HcCombIn ci = comb_by_router ? cuda::HcCombIn{} : comb_in(n);
+    cuda::HcPreArgs probe;
+    probe.n = n, probe.d = c_.hidden, probe.hc = c_.hc_mult;
+    const bool sum = tp_ == 1 && cuda::hc_post_pre_sums_slots(probe, ci);
+    cuda::MoeSlots slots;
+    moe_run(layer, x, ids, n, y, sum ? &slots : nullptr, comb_by_router ? comb : nullptr);
+    OpScope prof(this, "hc_post_pre");
+    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(next_layer, site, X, n, x_next, post, comb), s_, ci, slots);
+  }
+
+  // moe(); slots (one GPU): the expert rows the reduction would sum are returned there instead, out left unwritten.
+  // comb (one token): the deferred comb logits the router's extra block turns into the final comb (RouterArgs::comb).
+  void moe_run(int layer, const float* x, const int32_t* ids, int n, float* out, cuda::MoeSlots* slots,
+               float* comb = nullptr) {
     OpScope prof(this, "moe");
     if (tp_ > 1) no_collective_pending();  // host-only check, before any work (and before the shared-expert fork)
     const DevLayer& L = lay(layer);
@@ -1383,6 +1405,7 @@ class CudaBackend final : public Backend {
     r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
+    if (comb) r.comb = comb, r.comb_eps = static_cast<float>(c_.hc_eps), r.comb_iters = c_.hc_sinkhorn_iters;
     cuda::router(r, s_);
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
@@ -1442,6 +1465,10 @@ class CudaBackend final : public Backend {
     part.reset();
     a.official = official_;
     if (fork) DSV4_CU(cudaStreamWaitEvent(s_, join_ev_, 0));  // the shared expert's branch is done
+    if (tp_ == 1 && slots) {
+      *slots = cuda::MoeSlots{a.y, ys, k};
+      return;
+    }
     if (tp_ == 1) {
       OpScope sub(this, "moe/reduce", true);
       cuda::moe_reduce(a.y, ys, n, k, d, official_, out, s_);

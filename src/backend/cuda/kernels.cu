@@ -973,6 +973,44 @@ __global__ void hc_sinkhorn_rows_kernel(float* comb, int n, float eps, int iters
     for (int k = 0; k < 4; ++k) comb[t * 16 + j * 4 + k] = c[j][k];
 }
 
+constexpr int kMoeReduceBatch = 8;  // slots whose loads moe_sum4 issues together (Flash 6, Pro 6)
+// One float4 column j of the MoE sum: y's k slot rows (row stride d4 float4s) in order, then the shared expert's row
+// ys (null: none), summed in double, [official] BF16-rounded -- the CPU's order.
+__device__ __forceinline__ float4 moe_sum4(const float4* y, int64_t d4, int k, const float4* ys, int64_t j, bool official) {
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  if (k <= kMoeReduceBatch) {
+    // Every slot's load (and the shared expert's) first, then the sums in the same order: the runtime-k loop issued
+    // one load per iteration behind the previous one's add.
+    float4 v[kMoeReduceBatch + 1];
+#pragma unroll
+    for (int sl = 0; sl < kMoeReduceBatch; ++sl)
+      if (sl < k) v[sl] = y[static_cast<int64_t>(sl) * d4 + j];
+    if (ys) v[kMoeReduceBatch] = ys[j];
+#pragma unroll
+    for (int sl = 0; sl < kMoeReduceBatch; ++sl)
+      if (sl < k) acc[0] += v[sl].x, acc[1] += v[sl].y, acc[2] += v[sl].z, acc[3] += v[sl].w;
+    if (ys) {
+      const float4 w = v[kMoeReduceBatch];
+      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
+    }
+  } else {
+    for (int sl = 0; sl < k; ++sl) {
+      const float4 w = y[static_cast<int64_t>(sl) * d4 + j];
+      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
+    }
+    if (ys) {
+      const float4 w = ys[j];
+      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
+    }
+  }
+  float o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    o[e] = static_cast<float>(acc[e]);
+    if (official) o[e] = bf16r(o[e]);
+  }
+  return make_float4(o[0], o[1], o[2], o[3]);
+}
 // One output of the mHC post: post_k * y + sum_s comb[s][k] * X_s in stream order ([official] BF16), with explicit
 // roundings; hc_post_kernel and hc_post_mix_kernel share it so that both write bit-identical streams.
 template <int M>
@@ -990,9 +1028,10 @@ __device__ __forceinline__ float hc_post_value(float post_k, float y, const floa
 // hc_post_kernel), stores it, and feeds it from registers into the partials of all nmix rows (as hc_mix_kernel).
 // All rows in one block, not hc_mix_kernel's three row groups: blocks sharing a slice would read columns that one of
 // them overwrites, in no guaranteed order. Each thread keeps its 24 fn loads in flight across pdl_wait instead.
+// slots.y (MoeSlots, decode): y is the MoE's sum of those expert rows, formed here by moe_reduce's function (moe_sum4).
 __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const float* post, const float* comb, float* X,
                                                            HcPreArgs a, int nmix, int nslices, float* partial, HcCombIn ci,
-                                                           int tpb) {
+                                                           int tpb, MoeSlots slots) {
   __shared__ float red[4][kHcPostMix + 1];
   const int sl = blockIdx.x, hc = a.hc, k = threadIdx.x >> 5;
   const int64_t d = a.d, nf = hc * d;
@@ -1026,7 +1065,13 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
       }
     }
     const float post_k = post[t * hc + k];
-    const float4 yv = inb ? *reinterpret_cast<const float4*>(y + t * d + j) : z4;
+    float4 yv = z4;
+    if (inb && slots.y) {
+      yv = moe_sum4(reinterpret_cast<const float4*>(slots.y + static_cast<int64_t>(t) * slots.k * d), d / 4, slots.k,
+                    slots.ys ? reinterpret_cast<const float4*>(slots.ys + t * d) : nullptr, j / 4, a.official);
+    } else if (inb) {
+      yv = *reinterpret_cast<const float4*>(y + t * d + j);
+    }
     // old[c][s]: column j + c of stream s.
     const float old[4][4] = {{xs[0].x, xs[1].x, xs[2].x, xs[3].x},
                              {xs[0].y, xs[1].y, xs[2].y, xs[3].y},
@@ -2302,6 +2347,21 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void router_kernel(RouterArgs a) {
+  if (static_cast<int>(blockIdx.x) == a.n) {
+    // RouterArgs::comb: the deferred Sinkhorn of the FFN pre's comb (one token), in place, by the extra block. Its
+    // logits come from that pre, two kernels back, so they are read before any wait (and this block never waits: it
+    // releases the dependents at once and runs beside the gate GEMV and the routing blocks).
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (threadIdx.x == 0) {
+      float c[4][4];
+      hc_comb_from_logits(a.comb, 0, a.comb_eps, a.comb_iters, c);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) a.comb[j * 4 + k] = c[j][k];
+    }
+    return;
+  }
   extern __shared__ float sm[];  // s[E], biased[E], bias[E]
   __shared__ double red[32];
   __shared__ int sel[64];
@@ -2685,44 +2745,6 @@ __global__ void moe_reduce_kernel(const float* y, const float* ys, int n, int k,
 // moe_reduce_kernel's function with a float4 per thread and the token from blockIdx.y (d % 4 == 0, 16-byte aligned
 // rows): the per-element version (a 64-bit division and k dependent scalar loads per element) ran at ~2.1 TB/s, 443 us
 // per 8K-token Flash layer (ncu, one H200). The same per-element sum: double, slots in order, then the shared expert.
-constexpr int kMoeReduceBatch = 8;  // slots whose loads moe_sum4 issues together (Flash 6, Pro 6)
-// One float4 column j of the MoE sum: y's k slot rows (row stride d4 float4s) in order, then the shared expert's row
-// ys (null: none), summed in double, [official] BF16-rounded -- the CPU's order.
-__device__ __forceinline__ float4 moe_sum4(const float4* y, int64_t d4, int k, const float4* ys, int64_t j, bool official) {
-  double acc[4] = {0.0, 0.0, 0.0, 0.0};
-  if (k <= kMoeReduceBatch) {
-    // Every slot's load (and the shared expert's) first, then the sums in the same order: the runtime-k loop issued
-    // one load per iteration behind the previous one's add.
-    float4 v[kMoeReduceBatch + 1];
-#pragma unroll
-    for (int sl = 0; sl < kMoeReduceBatch; ++sl)
-      if (sl < k) v[sl] = y[static_cast<int64_t>(sl) * d4 + j];
-    if (ys) v[kMoeReduceBatch] = ys[j];
-#pragma unroll
-    for (int sl = 0; sl < kMoeReduceBatch; ++sl)
-      if (sl < k) acc[0] += v[sl].x, acc[1] += v[sl].y, acc[2] += v[sl].z, acc[3] += v[sl].w;
-    if (ys) {
-      const float4 w = v[kMoeReduceBatch];
-      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
-    }
-  } else {
-    for (int sl = 0; sl < k; ++sl) {
-      const float4 w = y[static_cast<int64_t>(sl) * d4 + j];
-      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
-    }
-    if (ys) {
-      const float4 w = ys[j];
-      acc[0] += w.x, acc[1] += w.y, acc[2] += w.z, acc[3] += w.w;
-    }
-  }
-  float o[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    o[e] = static_cast<float>(acc[e]);
-    if (official) o[e] = bf16r(o[e]);
-  }
-  return make_float4(o[0], o[1], o[2], o[3]);
-}
 __global__ void __launch_bounds__(256) moe_reduce_v4_kernel(const float* y, const float* ys, int n, int k, int64_t d,
                                                             bool official, float* out) {
   pdl_wait();
@@ -3329,6 +3351,12 @@ int hc_slices(const HcPreArgs& a, const char* op) {
 constexpr int kHcRowSinkhornMin = 64;
 // Tokens from which hc_post_pre runs as hc_post + hc_pre (prefill) instead of the fused kernel (decode, small batches).
 constexpr int kHcUnfusedMin = 64;
+// The MoE's expert sum inside the next hc_post_pre (MoeSlots; DSV4_HC_MOE_SUM=0 / set_hc_moe_sum(false): moe_reduce
+// launches it, A/B). The same function in the same order: the same bits. Alone it measured no gain (session 27, run 2:
+// the post's prologue, then the deferred Sinkhorn, could not start before the expert launch left the SMs, where it
+// had run beside moe_reduce before); with that Sinkhorn moved to the router (router_sinkhorn) the pair is -4 to -5 us
+// per layer (run 7: 161.7 / 161.8 vs 165.5 / 166.6 us with DSV4_ROUTER_SINKHORN=0).
+std::atomic<bool> g_hc_moe_sum_on{switch_on("DSV4_HC_MOE_SUM")};
 
 void hc_finish(const HcPreArgs& a, int nslices, cudaStream_t s) {
   if (a.comb_logits && (a.n != 1 || a.hc != 4 || a.head)) fail("hc_pre: comb logits (deferred Sinkhorn) take one token and hc 4");
@@ -3392,9 +3420,19 @@ void hc_post(const float* y, const float* post, const float* comb, int n, int hc
   DSV4_LAUNCHED();
 }
 
+void set_hc_moe_sum(bool on) { g_hc_moe_sum_on.store(on, std::memory_order_relaxed); }
+bool hc_post_pre_sums_slots(const HcPreArgs& a, HcCombIn ci) {
+  return g_hc_moe_sum_on.load(std::memory_order_relaxed) && !a.head && a.d % 4 == 0 &&
+         (a.n < kHcUnfusedMin || ci.sinkhorn_iters >= 0);
+}
 void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s,
-                 HcCombIn ci) {
+                 HcCombIn ci, MoeSlots slots) {
   if (a.n <= 0) return;
+  if (slots.y) {
+    if (!hc_post_pre_sums_slots(a, ci)) fail("hc_post_pre: expert rows to sum on a path that does not sum them");
+    if (slots.k < 1 || !aligned16(slots.y) || (slots.ys && !aligned16(slots.ys)))
+      fail("hc_post_pre: expert rows need k >= 1 and 16-byte aligned rows");
+  }
   if (a.head) fail("hc_post_pre: the head's pre follows no post");
   if (a.X != X) fail("hc_post_pre: the pre must read the streams the post writes");
   if (ci.sinkhorn_iters >= 0 && (a.n != 1 || a.hc != 4))
@@ -3411,7 +3449,8 @@ void hc_post_pre(const float* y, const float* post, const float* comb, float* X,
   }
   const int tpb = hc_tokens_per_block();
   const unsigned tgroups = static_cast<unsigned>((a.n + tpb - 1) / tpb);
-  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, ci, tpb);
+  launch(hc_post_mix_kernel, dim3(nslices, tgroups), 32 * a.hc, 0, s, y, post, comb, X, a, nmix, nslices, a.partial, ci, tpb,
+         slots);
   DSV4_LAUNCHED();
   hc_finish(a, nslices, s);
 }
@@ -3524,6 +3563,7 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
 // DSV4_ATTEND_CLUSTER=0 / 8 / 16 force a choice (A/B).
 namespace {
 constexpr int kAttClMaxRes = 96;
+int g_attend_cluster16_active = -1;  // cudaOccupancyMaxActiveClusters of the 16-block configuration (-1: not asked)
 std::atomic<int> g_attend_cluster{-2};  // -2: DSV4_ATTEND_CLUSTER not read yet; -1: automatic; else the size
 int attend_cluster_16_fits() {
   static std::mutex mu;
@@ -3540,6 +3580,12 @@ int attend_cluster_16_fits() {
   allow_smem(attend_cluster_rows_kernel<16>, sm);  // the batched launch's kernel: the same clusters
   DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16>),
                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  allow_smem(attend_cluster_kernel<16, 8>, sm);  // 8 heads per block (attend_cluster_heads)
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_kernel<16, 8>),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  allow_smem(attend_cluster_rows_kernel<16, 8>, sm);
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16, 8>),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(16, 4);
   cfg.blockDim = dim3(256);
@@ -3553,8 +3599,36 @@ int attend_cluster_16_fits() {
     (void)cudaGetLastError();
     n = 0;
   }
+  g_attend_cluster16_active = n;
   return fits[dev] = n >= 4 ? 1 : 0;
 }
+// Heads per 16-block cluster's block (attend_cluster.cuh): 8 by default -- twice the blocks (128 for Flash's 64 heads
+// on one GPU), each with half the score and p * v work; measured (docs/BENCHMARKS.md, session 27, one H200, 20 layers,
+// alternating runs) 167.3 / 166.2 / 165.5 vs 168.5 / 168.4 / 170.5 us per layer with 16 (run 2), 161.7 / 161.8 vs
+// 164.3 / 164.2 with the later changes (run 7); the CSA attention 24.0 vs 26.3 us, though only 7 such clusters are
+// resident at once. DSV4_ATTEND_HEADS=16: the 64-block launch (A/B).
+std::atomic<int> g_attend_heads{[] {
+  const char* e = std::getenv("DSV4_ATTEND_HEADS");
+  const std::string v = e ? e : "8";
+  if (v != "8" && v != "16") fail("DSV4_ATTEND_HEADS must be 8 or 16 (got '", v, "')");
+  return std::stoi(v);
+}()};
+// A cluster launch of kernel template K at the chosen heads per block (8: only for 16-block clusters).
+#define DSV4_ATTEND_CLUSTER_LAUNCH(K, cl, grid_x, grid_z, sm, s, ...)                                              \
+  do {                                                                                                          \
+    const int hb_ = (cl) == 16 ? g_attend_heads.load(std::memory_order_relaxed) : kAttHeads;                   \
+    const dim3 grid_(grid_x, static_cast<unsigned>((a.H + hb_ - 1) / hb_), grid_z);                             \
+    if ((cl) == 16 && hb_ == 8) {                                                                               \
+      allow_smem(K<16, 8>, sm);                                                                                 \
+      launch_clustered(16, K<16, 8>, grid_, 256, sm, s, __VA_ARGS__);                                           \
+    } else if ((cl) == 16) {                                                                                    \
+      allow_smem(K<16>, sm);                                                                                    \
+      launch_clustered(16, K<16>, grid_, 256, sm, s, __VA_ARGS__);                                              \
+    } else {                                                                                                    \
+      allow_smem(K<8>, sm);                                                                                     \
+      launch_clustered(8, K<8>, grid_, 256, sm, s, __VA_ARGS__);                                                \
+    }                                                                                                           \
+  } while (0)
 int attend_cluster_for(int64_t D, int H) {
   if (D % 4 != 0 || D > kAttMaxD) return 0;
   if (g_attend_cluster.load(std::memory_order_relaxed) == -2) {
@@ -3577,6 +3651,15 @@ void set_attend_cluster(int size) {
   g_attend_cluster.store(size, std::memory_order_relaxed);
 }
 int attend_cluster_size(int64_t D, int H) { return attend_cluster_for(D, H); }
+void set_attend_heads(int heads) {
+  if (heads != 8 && heads != 16) fail("attention heads per cluster block must be 8 or 16");
+  g_attend_heads.store(heads, std::memory_order_relaxed);
+}
+int attend_heads() { return g_attend_heads.load(std::memory_order_relaxed); }
+int attend_cluster16_max_active() {
+  attend_cluster_16_fits();
+  return g_attend_cluster16_active;
+}
 
 int64_t attend_max_rows(int window, int kind, int topk_k, int64_t pos_end, int ratio) {
   return att_max_rows(window, kind, topk_k, pos_end, ratio);
@@ -3632,16 +3715,10 @@ void attend_batch(const AttendArgs& a, const AttendBatch& b, cudaStream_t s) {
   const int64_t per = (sp.nchunks > cl ? (sp.nchunks + cl - 1) / cl : 1) * static_cast<int64_t>(sp.rows_per_chunk);
   const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
   const size_t sm = att_cl_smem_bytes(res, a.D);
-  const dim3 grid(static_cast<unsigned>(cl), static_cast<unsigned>((a.H + kAttHeads - 1) / kAttHeads), static_cast<unsigned>(b.n));
   AttendArgs base = a;
   base.rows_before_wait = false;
-  if (cl == 16) {
-    allow_smem(attend_cluster_rows_kernel<16>, sm);
-    launch_clustered(16, attend_cluster_rows_kernel<16>, grid, 256, sm, s, base, res, b);
-  } else {
-    allow_smem(attend_cluster_rows_kernel<8>, sm);
-    launch_clustered(8, attend_cluster_rows_kernel<8>, grid, 256, sm, s, base, res, b);
-  }
+  DSV4_ATTEND_CLUSTER_LAUNCH(attend_cluster_rows_kernel, cl, static_cast<unsigned>(cl), static_cast<unsigned>(b.n), sm, s,
+                             base, res, b);
   DSV4_LAUNCHED();
 }
 
@@ -3706,14 +3783,7 @@ void attend(const AttendArgs& a, cudaStream_t s) {
       const int64_t per = (sp.nchunks > cl ? (sp.nchunks + cl - 1) / cl : 1) * static_cast<int64_t>(sp.rows_per_chunk);
       const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
       const size_t sm = att_cl_smem_bytes(res, a.D);
-      const dim3 grid(static_cast<unsigned>(cl), static_cast<unsigned>((a.H + kAttHeads - 1) / kAttHeads));
-      if (cl == 16) {
-        allow_smem(attend_cluster_kernel<16>, sm);
-        launch_clustered(16, attend_cluster_kernel<16>, grid, 256, sm, s, a, res);
-      } else {
-        allow_smem(attend_cluster_kernel<8>, sm);
-        launch_clustered(8, attend_cluster_kernel<8>, grid, 256, sm, s, a, res);
-      }
+      DSV4_ATTEND_CLUSTER_LAUNCH(attend_cluster_kernel, cl, static_cast<unsigned>(cl), 1u, sm, s, a, res);
       DSV4_LAUNCHED();
       return;
     }
@@ -3742,12 +3812,18 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
   DSV4_LAUNCHED();
 }
 
+namespace {
+std::atomic<bool> g_router_sinkhorn_on{switch_on("DSV4_ROUTER_SINKHORN")};
+}  // namespace
+void set_router_sinkhorn(bool on) { g_router_sinkhorn_on.store(on, std::memory_order_relaxed); }
+bool router_sinkhorn_enabled() { return g_router_sinkhorn_on.load(std::memory_order_relaxed); }
 void router(const RouterArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.k > 64) fail("router: top-k ", a.k, " exceeds the kernel's limit of 64");
   const size_t sm = static_cast<size_t>(a.E) * 12;
+  if (a.comb && a.n != 1) fail("router: the deferred comb's Sinkhorn takes one token");
   set_smem(reinterpret_cast<const void*>(router_kernel), sm);
-  launch(router_kernel, a.n, 256, sm, s, a);
+  launch(router_kernel, a.n + (a.comb ? 1 : 0), 256, sm, s, a);
   DSV4_LAUNCHED();
 }
 

@@ -221,8 +221,17 @@ void hc_post(const float* y, const float* post, const float* comb, int n, int hc
 // hc_post(y, post, comb, a.n, a.hc, a.d, a.official, X) then hc_pre(a) on the new streams (a.X == X), bit-identical,
 // in two launches instead of three: the post runs inside the mix kernel. post/comb may be a.post/a.comb (the pre's
 // outputs are written by its last launch, after every read of the post's inputs).
+// slots (decode): y is not read; the post sums the MoE's expert rows itself, exactly as moe_reduce(slots.y, slots.ys,
+// a.n, slots.k, a.d, a.official) would have into y (one launch fewer per layer). Only where hc_post_pre_sums_slots.
+struct MoeSlots {
+  const float* y = nullptr;   // [n, k, d] the routed experts' rows
+  const float* ys = nullptr;  // [n, d] the shared expert's row, or null
+  int k = 0;
+};
 void hc_post_pre(const float* y, const float* post, const float* comb, float* X, const HcPreArgs& a, cudaStream_t s,
-                 HcCombIn ci = {});
+                 HcCombIn ci = {}, MoeSlots slots = {});
+bool hc_post_pre_sums_slots(const HcPreArgs& a, HcCombIn ci);
+void set_hc_moe_sum(bool on);
 // Decode (one token, hc 4): CudaBackend's pres leave comb logits and its posts run the Sinkhorn (default on;
 // DSV4_HC_DEFER_SINKHORN=0 / false: the pre's last kernel runs it). Bit-identical either way.
 void set_hc_defer_sinkhorn(bool on);
@@ -375,8 +384,17 @@ struct RouterArgs {
   float scaling = 1.0f;
   int32_t* sel = nullptr;
   float* wts = nullptr;
+  // One token: comb [4][4] holds the logits a pre left (HcPreArgs::comb_logits); an extra block runs their Sinkhorn
+  // in place (hc 4), beside the routing, so that the FFN's post reads a final comb (HcCombIn{}) and does not run it
+  // in its own prologue, which cannot overlap the expert launches before it (they fill every SM).
+  float* comb = nullptr;
+  float comb_eps = 0.0f;
+  int comb_iters = 0;
 };
 void router(const RouterArgs& a, cudaStream_t s);
+// The router's comb Sinkhorn in decode steps (CudaBackend; DSV4_ROUTER_SINKHORN=0 / false: the post runs it, A/B).
+void set_router_sinkhorn(bool on);
+bool router_sinkhorn_enabled();
 // The decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store inside
 // the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the attention
 // output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's norm_rope launch).
@@ -386,6 +404,11 @@ void router(const RouterArgs& a, cudaStream_t s);
 // attend_cluster_size: the size attend() uses now for head dim D and H heads (0: the split kernels).
 void set_attend_cluster(int size);
 int attend_cluster_size(int64_t D, int H);
+// Heads per block of the 16-block cluster kernel: 8 (default) or 16 (half the blocks, the same bits;
+// DSV4_ATTEND_HEADS). attend_cluster16_max_active: how many 16-block clusters of it this GPU holds at once.
+void set_attend_heads(int heads);
+int attend_heads();
+int attend_cluster16_max_active();
 void set_attend_store_fuse(bool on);
 bool attend_store_fuse_enabled();
 void set_attend_derope_fuse(bool on);

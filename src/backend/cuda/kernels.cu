@@ -3613,11 +3613,12 @@ std::atomic<int> g_attend_heads{[] {
   if (v != "8" && v != "16") fail("DSV4_ATTEND_HEADS must be 8 or 16 (got '", v, "')");
   return std::stoi(v);
 }()};
-// A cluster launch of kernel template K at the chosen heads per block (8: only for 16-block clusters).
-#define DSV4_ATTEND_CLUSTER_LAUNCH(K, cl, grid_x, grid_z, sm, s, ...)                                              \
+// A cluster launch of kernel template K for H heads at the chosen heads per block (8: only for 16-block clusters): grid
+// (cl, head groups, grid_z). A macro: K is a kernel template, instantiated here per (cluster size, heads per block).
+#define DSV4_ATTEND_CLUSTER_LAUNCH(K, cl, H, grid_z, sm, s, ...)                                                    \
   do {                                                                                                          \
     const int hb_ = (cl) == 16 ? g_attend_heads.load(std::memory_order_relaxed) : kAttHeads;                   \
-    const dim3 grid_(grid_x, static_cast<unsigned>((a.H + hb_ - 1) / hb_), grid_z);                             \
+    const dim3 grid_(static_cast<unsigned>(cl), static_cast<unsigned>(((H) + hb_ - 1) / hb_), grid_z);          \
     if ((cl) == 16 && hb_ == 8) {                                                                               \
       allow_smem(K<16, 8>, sm);                                                                                 \
       launch_clustered(16, K<16, 8>, grid_, 256, sm, s, __VA_ARGS__);                                           \
@@ -3717,8 +3718,7 @@ void attend_batch(const AttendArgs& a, const AttendBatch& b, cudaStream_t s) {
   const size_t sm = att_cl_smem_bytes(res, a.D);
   AttendArgs base = a;
   base.rows_before_wait = false;
-  DSV4_ATTEND_CLUSTER_LAUNCH(attend_cluster_rows_kernel, cl, static_cast<unsigned>(cl), static_cast<unsigned>(b.n), sm, s,
-                             base, res, b);
+  DSV4_ATTEND_CLUSTER_LAUNCH(attend_cluster_rows_kernel, cl, a.H, static_cast<unsigned>(b.n), sm, s, base, res, b);
   DSV4_LAUNCHED();
 }
 
@@ -3783,7 +3783,7 @@ void attend(const AttendArgs& a, cudaStream_t s) {
       const int64_t per = (sp.nchunks > cl ? (sp.nchunks + cl - 1) / cl : 1) * static_cast<int64_t>(sp.rows_per_chunk);
       const int res = static_cast<int>(std::min<int64_t>(kAttClMaxRes, att_max(kAttTile, (per + kAttTile - 1) / kAttTile * kAttTile)));
       const size_t sm = att_cl_smem_bytes(res, a.D);
-      DSV4_ATTEND_CLUSTER_LAUNCH(attend_cluster_kernel, cl, static_cast<unsigned>(cl), 1u, sm, s, a, res);
+      DSV4_ATTEND_CLUSTER_LAUNCH(attend_cluster_kernel, cl, a.H, 1u, sm, s, a, res);
       DSV4_LAUNCHED();
       return;
     }

@@ -2165,6 +2165,20 @@ TEST(CudaOps, MhcDeferredSinkhorn) {
   }
 }
 
+// The outputs of an mHC post and the pre after it, compared bit for bit with another path's (vs: that path).
+struct MhcOut {
+  vector<float> X, x, post, comb;
+};
+void expect_same_mhc(const MhcOut& got, const MhcOut& want, const std::string& vs) {
+  const std::pair<const char*, std::pair<const vector<float>*, const vector<float>*>> parts[] = {
+      {"X", {&got.X, &want.X}}, {"x", {&got.x, &want.x}}, {"post", {&got.post, &want.post}}, {"comb", {&got.comb, &want.comb}}};
+  for (const auto& [name, ab] : parts) {
+    ASSERT_EQ(ab.first->size(), ab.second->size()) << name;
+    EXPECT_EQ(std::memcmp(ab.first->data(), ab.second->data(), ab.first->size() * sizeof(float)), 0)
+        << name << " differs from " << vs;
+  }
+}
+
 // hc_post_pre (the post fused into the next pre's mix kernel) against hc_post then hc_pre: bit-identical streams and
 // pre outputs, at both models' widths, for a decode step and a prefill chunk; and against the CPU twins. post/comb
 // come from an earlier pre (realistic values) and are read and overwritten in place, as the forward does.
@@ -2180,9 +2194,7 @@ TEST(CudaOps, MhcPostPreFused) {
         SCOPED_TRACE(testing::Message() << "d=" << d << " n=" << n << (official ? " official" : " reference"));
         const MhcPreRef in = mhc_pre_ref(X, n, hc, d, prev.fn, prev.base, prev.scale, prev.nw, iters, eps, official);
         DBuf<float> dfn(next.fn), dbase(next.base), dscale(next.scale), dnw(next.nw), dy(y);
-        struct Out {
-          vector<float> X, x, post, comb;
-        };
+        using Out = MhcOut;
         auto run = [&](bool fused) {
           DBuf<float> dX(X), dx(static_cast<size_t>(n * d)), dpost(in.post), dcomb(in.comb);
           DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
@@ -2199,14 +2211,7 @@ TEST(CudaOps, MhcPostPreFused) {
           return Out{dX.get(), dx.get(), dpost.get(), dcomb.get()};
         };
         const Out split = run(false), fused = run(true);
-        auto same_bits = [](const vector<float>& a, const vector<float>& b, const char* what) {
-          ASSERT_EQ(a.size(), b.size()) << what;
-          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " differs from hc_post + hc_pre";
-        };
-        same_bits(fused.X, split.X, "fused X");
-        same_bits(fused.x, split.x, "fused x");
-        same_bits(fused.post, split.post, "fused post");
-        same_bits(fused.comb, split.comb, "fused comb");
+        expect_same_mhc(fused, split, "hc_post + hc_pre");
         // CPU twins: the post from the same inputs, the pre from the streams the GPU wrote (so that a last-bit BF16
         // difference in the post is not counted twice).
         expect_close(fused.X, mhc_post_ref(X, y, in.post, in.comb, n, hc, d, official), official, "mhc fused post X");
@@ -2291,9 +2296,7 @@ TEST(CudaOps, MhcPostPreSumsMoeSlots) {
                                             << (official ? " official" : " reference"));
             const MhcPreRef in = mhc_pre_ref(X, n, hc, d, prev.fn, prev.base, prev.scale, prev.nw, iters, eps, official);
             DBuf<float> dfn(next.fn), dbase(next.base), dscale(next.scale), dnw(next.nw), dye(ye), dys(ys);
-            struct Out {
-              vector<float> X, x, post, comb;
-            };
+            using Out = MhcOut;
             auto run = [&](bool slots) {
               DBuf<float> dX(X), dx(static_cast<size_t>(n * d)), dpost(in.post), dcomb(in.comb), dy(static_cast<size_t>(n * d));
               DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(n, hc, d)));
@@ -2314,14 +2317,7 @@ TEST(CudaOps, MhcPostPreSumsMoeSlots) {
               return Out{dX.get(), dx.get(), dpost.get(), dcomb.get()};
             };
             const Out reduced = run(false), summed = run(true);
-            auto same_bits = [](const vector<float>& a, const vector<float>& b, const char* what) {
-              ASSERT_EQ(a.size(), b.size()) << what;
-              EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " differs from moe_reduce + hc_post_pre";
-            };
-            same_bits(summed.X, reduced.X, "X");
-            same_bits(summed.x, reduced.x, "x");
-            same_bits(summed.post, reduced.post, "post");
-            same_bits(summed.comb, reduced.comb, "comb");
+            expect_same_mhc(summed, reduced, "moe_reduce + hc_post_pre");
           }
       }
   // Where the post does not sum slots (a prefill-sized chunk), passing them is an error, not a silent y read.

@@ -2226,32 +2226,47 @@ TEST(CudaOps, MhcPostPreFused) {
 // The router's extra block finishing a deferred comb (RouterArgs::comb; the decode step's FFN comb): a one-token pre
 // that leaves comb's logits, then the router with comb, must leave exactly the comb of a pre that ran the Sinkhorn
 // itself, and the same selection and weights as the router alone. Hash routing too (tid2eid), at Flash's widths.
-TEST(CudaOps, RouterFinalizesDeferredComb) {
-  const int hc = 4, iters = 20, E = 256, k = 6;
+// A one-token pre's comb both ways (Flash's width, hc 4, 20 Sinkhorn iterations, eps 1e-6): `final` as a pre with its
+// own Sinkhorn leaves it, `logits` as a deferring pre (HcPreArgs::comb_logits) does.
+struct DeferredCombCase {
+  vector<float> final, logits;
+};
+DeferredCombCase deferred_comb_case(bool official, unsigned seed) {
+  const int hc = 4;
   const int64_t d = 4096;
+  std::mt19937 g(seed);
+  const MhcSite site(g, hc, d);
+  const vector<float> X = randn(static_cast<size_t>(hc * d), g);
+  DBuf<float> dX(X), dfn(site.fn), dbase(site.base), dscale(site.scale), dnw(site.nw);
+  auto pre = [&](bool logits_only) {
+    DBuf<float> dx(static_cast<size_t>(d)), dpost(hc), dcomb(hc * hc);
+    DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(1, hc, d)));
+    cu::HcPreArgs a;
+    a.X = dX.p, a.n = 1, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
+    a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.sinkhorn_iters = 20, a.official = official, a.x = dx.p;
+    a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p, a.comb_logits = logits_only;
+    cu::hc_pre(a, nullptr);
+    return dcomb.get();
+  };
+  DeferredCombCase c{pre(false), pre(true)};
+  EXPECT_NE(std::memcmp(c.final.data(), c.logits.data(), c.final.size() * 4), 0) << "the pre left the final comb: nothing deferred";
+  return c;
+}
+
+TEST(CudaOps, RouterFinalizesDeferredComb) {
+  const int iters = 20, E = 256, k = 6;
   const float eps = 1e-6f;
   std::mt19937 g(83);
-  const MhcSite site(g, hc, d);
-  const vector<float> X = randn(static_cast<size_t>(hc * d), g), logits = randn(E, g);
+  const vector<float> logits = randn(E, g);
   vector<int32_t> tid2eid(static_cast<size_t>(50) * k), ids{17};
   for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = static_cast<int32_t>((i * 37) % E);
-  DBuf<float> dX(X), dfn(site.fn), dbase(site.base), dscale(site.scale), dnw(site.nw), dlog(logits);
+  DBuf<float> dlog(logits);
   DBuf<int32_t> dt2e(tid2eid), dids(ids);
   for (bool hash : {false, true})
     for (bool official : {false, true}) {
       SCOPED_TRACE(testing::Message() << (hash ? "hash" : "score") << (official ? " official" : " reference"));
-      auto pre = [&](bool logits_only) {
-        DBuf<float> dx(static_cast<size_t>(d)), dpost(hc), dcomb(hc * hc);
-        DBuf<float> dpart(static_cast<size_t>(cu::hc_pre_scratch_floats(1, hc, d)));
-        cu::HcPreArgs a;
-        a.X = dX.p, a.n = 1, a.hc = hc, a.d = d, a.fn = dfn.p, a.base = dbase.p, a.scale = dscale.p, a.norm_w = dnw.p;
-        a.hc_eps = eps, a.rms_eps = 1e-6, a.sinkhorn_iters = iters, a.official = official, a.x = dx.p;
-        a.post = dpost.p, a.comb = dcomb.p, a.partial = dpart.p, a.comb_logits = logits_only;
-        cu::hc_pre(a, nullptr);
-        return dcomb.get();
-      };
-      const vector<float> want = pre(false), lg = pre(true);
-      ASSERT_NE(std::memcmp(want.data(), lg.data(), want.size() * 4), 0) << "the pre left the final comb: nothing deferred";
+      const DeferredCombCase cc = deferred_comb_case(official, 84);
+      const vector<float>&want = cc.final, &lg = cc.logits;
       auto route = [&](float* comb, vector<int32_t>& sel, vector<float>& wts) {
         DBuf<float> dwts(static_cast<size_t>(k));
         DBuf<int32_t> dsel(static_cast<size_t>(k));
@@ -2259,7 +2274,7 @@ TEST(CudaOps, RouterFinalizesDeferredComb) {
         r.logits = dlog.p, r.n = 1, r.E = E, r.k = k, r.func = 0, r.norm_topk = true, r.scaling = 1.5f;
         if (hash) r.tid2eid = dt2e.p, r.ids = dids.p;
         r.sel = dsel.p, r.wts = dwts.p;
-        if (comb) r.comb = comb, r.comb_eps = eps, r.comb_iters = iters;
+        if (comb) r.comb = cu::DeferredComb{comb, eps, iters};
         cu::router(r, nullptr);
         sel = dsel.get(), wts = dwts.get();
       };
@@ -2679,6 +2694,15 @@ TEST(CudaOps, NormRopeSim8Kv) {
     cu::norm_rope2(q2, a2, nullptr);
     EXPECT_EQ(dy2.get(), dy2b.get()) << "norm_rope2: first set";
     EXPECT_EQ(dy.get(), dyb.get()) << "norm_rope2: second set";
+    // ... and with an extra block finishing a deferred comb (DeferredComb; decode's attention pre): the same rows,
+    // and the comb a pre with its own Sinkhorn leaves, bit for bit.
+    const DeferredCombCase cc = deferred_comb_case(official, 85);
+    DBuf<float> dcomb(cc.logits), dy2c(x2.size()), dyc(x.size());
+    q2.y = dy2c.p, a2.y = dyc.p;
+    cu::norm_rope2(q2, a2, nullptr, cu::DeferredComb{dcomb.p, 1e-6f, 20});
+    EXPECT_EQ(dy2.get(), dy2c.get()) << "norm_rope2 with a deferred comb: first set";
+    EXPECT_EQ(dy.get(), dyc.get()) << "norm_rope2 with a deferred comb: second set";
+    EXPECT_EQ(std::memcmp(dcomb.get().data(), cc.final.data(), cc.final.size() * 4), 0) << "norm_rope2's deferred comb";
   }
 }
 

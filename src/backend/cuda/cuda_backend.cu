@@ -655,7 +655,18 @@ class CudaBackend final : public Backend {
     a.x = x, a.post = post, a.comb = comb;
     a.comb_logits = defer_sinkhorn(n);
     a.partial = scratch(23, static_cast<size_t>(cuda::hc_pre_scratch_floats(n, a.hc, a.d)));
+    // An attention pre leaving comb logits: the next attn_qkv's norm launch may finish them (norm_sinkhorn).
+    attn_comb_logits_ = site == HcSite::Attn && a.comb_logits && !a.head ? comb : nullptr;
     return a;
+  }
+  cuda::DeferredComb deferred_comb(float* comb) const {
+    return cuda::DeferredComb{comb, static_cast<float>(c_.hc_eps), c_.hc_sinkhorn_iters};
+  }
+  // The comb input of a post: final where a launch since its pre finished the logits (comb_final_), else comb_in(n).
+  cuda::HcCombIn post_comb_in(const float* comb, int n) {
+    const bool final = comb != nullptr && comb == comb_final_;
+    comb_final_ = nullptr;
+    return final ? cuda::HcCombIn{} : comb_in(n);
   }
   // Decode: every pre leaves comb's logits and the post consuming that comb (same n: a sub-layer's pre and post pair
   // up) forms comb from them, off the pre's critical path. The rule depends on n only, so producer and consumer agree.
@@ -673,12 +684,13 @@ class CudaBackend final : public Backend {
 
   void hc_post(const float* y, const float* post, const float* comb, int n, float* X) override {
     OpScope prof(this, "hc_post");
-    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_, comb_in(n));
+    cuda::hc_post(y, post, comb, n, c_.hc_mult, c_.hidden, official_, X, s_, post_comb_in(comb, n));
   }
 
   void hc_post_pre(const float* y, float* post, float* comb, int n, float* X, int layer, HcSite site, float* x) override {
     OpScope prof(this, "hc_post_pre");
-    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_, comb_in(n));
+    const cuda::HcCombIn ci = post_comb_in(comb, n);
+    cuda::hc_post_pre(y, post, comb, X, hc_pre_args(layer, site, X, n, x, post, comb), s_, ci);
   }
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
@@ -717,7 +729,16 @@ class CudaBackend final : public Backend {
     qkv_q_ = n == 1 ? q : nullptr, qkv_kv_ = n == 1 ? kv : nullptr;  // attend(): rows_before_wait
     part.reset();
     part.emplace(this, "attn_qkv/norms", true);
-    cuda::norm_rope2(a, k, s_);  // the q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch
+    // The q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch. Decode (DSV4_NORM_SINKHORN=1,
+    // measurement): its extra block also finishes the attention pre's deferred comb (two kernels back), for the post
+    // after wo_b -- a GEMV on every SM -- to read it final.
+    cuda::DeferredComb dc;
+    if (n == 1 && tp_ == 1 && attn_comb_logits_ && cuda::norm_sinkhorn_enabled()) {
+      dc = deferred_comb(attn_comb_logits_);
+      comb_final_ = attn_comb_logits_;
+    }
+    attn_comb_logits_ = nullptr;
+    cuda::norm_rope2(a, k, s_, dc);
     part.reset();
     // Decode: the compressor and indexer ops the model issues next read only x and qr (ready here) and write their own
     // state and scratch, so they run on side streams -- parallel branches of a captured step -- beside wq_b and the
@@ -1316,7 +1337,8 @@ class CudaBackend final : public Backend {
     // ... and a deferred comb (one token) gets its Sinkhorn from the router's extra block, beside the routing, so the
     // post reads it final: in the post's prologue it could not overlap the expert launches, which fill every SM.
     const bool comb_by_router = tp_ == 1 && defer_sinkhorn(n) && cuda::router_sinkhorn_enabled();
-    const cuda::HcCombIn ci = comb_by_router ? cuda::HcCombIn{} : comb_in(n);
+    const cuda::HcCombIn ci = comb_by_router ? cuda::HcCombIn{} : post_comb_in(comb, n);
+    comb_final_ = nullptr;
     cuda::HcPreArgs probe;
     probe.n = n, probe.d = c_.hidden, probe.hc = c_.hc_mult;
     const bool sum = tp_ == 1 && cuda::hc_post_pre_sums_slots(probe, ci);
@@ -1405,7 +1427,7 @@ class CudaBackend final : public Backend {
     r.bias = L.hash ? nullptr : L.gate_bias, r.tid2eid = L.hash ? L.tid2eid : nullptr, r.ids = ids;
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
-    if (comb) r.comb = comb, r.comb_eps = static_cast<float>(c_.hc_eps), r.comb_iters = c_.hc_sinkhorn_iters;
+    if (comb) r.comb = deferred_comb(comb);
     cuda::router(r, s_);
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
@@ -1953,6 +1975,10 @@ class CudaBackend final : public Backend {
   // joined since the last join, so attend() need not wait for it).
   int64_t attn_fork_gen_ = 0, attn_wait_gen_[3] = {-1, -1, -1};
   bool idx_scores_pending_ = false;  // an indexer_topk of this fork window recorded idx_done_ev_ (batched decode)
+  // Deferred combs (one token): the comb an attention pre left logits in (until the next attn_qkv), and the comb a
+  // launch since then finished (norm_sinkhorn), which the next post then reads as final.
+  float* attn_comb_logits_ = nullptr;
+  const float* comb_final_ = nullptr;
   int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; one slot per side stream (they may run at once)
   // An op's kernels on side stream `which` (-1: s_ itself): s_ swapped with it and lin()'s QA8 slot moved for the
   // scope, restored however it ends. Scopes nest (restored in reverse order).

@@ -418,9 +418,12 @@ __device__ __forceinline__ void block_copy_async(float* dst, const float* src, i
   }
 }
 __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row);
-__global__ void norm_rope_kernel(NormRopeArgs a, NormRopeArgs b) {
+__device__ __forceinline__ void finish_deferred_comb(const DeferredComb& dc);
+// dc.comb: block a.rows + b.rows finishes that deferred comb (finish_deferred_comb).
+__global__ void norm_rope_kernel(NormRopeArgs a, NormRopeArgs b, DeferredComb dc) {
   if (static_cast<int>(blockIdx.x) < a.rows) norm_rope_row(a, static_cast<int>(blockIdx.x));
-  else norm_rope_row(b, static_cast<int>(blockIdx.x) - a.rows);
+  else if (static_cast<int>(blockIdx.x) < a.rows + b.rows) norm_rope_row(b, static_cast<int>(blockIdx.x) - a.rows);
+  else finish_deferred_comb(dc);
 }
 __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   // pdl_wait() after the constant inputs (norm weight, RoPE frequencies) are requested, before the row and position.
@@ -951,6 +954,19 @@ __device__ __forceinline__ void hc_comb_from_logits(const float* comb_in, int t,
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[j][k] = __ldcg(comb_in + t * 16 + j * 4 + k);
   hc_sinkhorn_core<4>(c, eps, iters);
+}
+// The extra block of a launch given a DeferredComb (ops.h): the one-token comb's Sinkhorn in place. Its logits were
+// written by a kernel at least two back in the stream, so they are read before any wait; the block never waits and
+// releases the dependents at once, so it only runs beside the launch's other blocks.
+__device__ __forceinline__ void finish_deferred_comb(const DeferredComb& dc) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (threadIdx.x != 0) return;
+  float c[4][4];
+  hc_comb_from_logits(dc.comb, 0, dc.eps, dc.iters, c);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dc.comb[j * 4 + k] = c[j][k];
 }
 
 // The Sinkhorn of n tokens' comb logits in place, one thread per token (hc 4): the prefill form of the deferred
@@ -2347,19 +2363,8 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void router_kernel(RouterArgs a) {
-  if (static_cast<int>(blockIdx.x) == a.n) {
-    // RouterArgs::comb: the deferred Sinkhorn of the FFN pre's comb (one token), in place, by the extra block. Its
-    // logits come from that pre, two kernels back, so they are read before any wait (and this block never waits: it
-    // releases the dependents at once and runs beside the gate GEMV and the routing blocks).
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (threadIdx.x == 0) {
-      float c[4][4];
-      hc_comb_from_logits(a.comb, 0, a.comb_eps, a.comb_iters, c);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) a.comb[j * 4 + k] = c[j][k];
-    }
+  if (static_cast<int>(blockIdx.x) == a.n) {  // RouterArgs::comb: the FFN pre's deferred comb, beside the routing
+    finish_deferred_comb(a.comb);
     return;
   }
   extern __shared__ float sm[];  // s[E], biased[E], bias[E]
@@ -3314,14 +3319,14 @@ void norm_rope(const NormRopeArgs& a, cudaStream_t s) {
   norm_rope2(a, NormRopeArgs{}, s);
 }
 
-void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s) {
+void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s, DeferredComb comb) {
   if (a.rows < 0 || b.rows < 0 || a.rows + b.rows <= 0) return;
   auto smem = [](const NormRopeArgs& r) {
     return r.rows > 0 ? static_cast<size_t>(r.len * (r.do_norm && r.w ? 2 : 1) + r.rope_dim / 2) * 4 : size_t{0};
   };
   const size_t sm = std::max(smem(a), smem(b));
   set_smem(reinterpret_cast<const void*>(norm_rope_kernel), sm);
-  launch(norm_rope_kernel, a.rows + b.rows, 128, sm, s, a, b);
+  launch(norm_rope_kernel, a.rows + b.rows + (comb.comb ? 1 : 0), 128, sm, s, a, b, comb);
   DSV4_LAUNCHED();
 }
 
@@ -3815,15 +3820,23 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
 namespace {
 std::atomic<bool> g_router_sinkhorn_on{switch_on("DSV4_ROUTER_SINKHORN")};
 }  // namespace
+namespace {
+std::atomic<bool> g_norm_sinkhorn_on{[] {
+  const char* e = std::getenv("DSV4_NORM_SINKHORN");
+  return e && std::string(e) == "1";
+}()};
+}  // namespace
+void set_norm_sinkhorn(bool on) { g_norm_sinkhorn_on.store(on, std::memory_order_relaxed); }
+bool norm_sinkhorn_enabled() { return g_norm_sinkhorn_on.load(std::memory_order_relaxed); }
 void set_router_sinkhorn(bool on) { g_router_sinkhorn_on.store(on, std::memory_order_relaxed); }
 bool router_sinkhorn_enabled() { return g_router_sinkhorn_on.load(std::memory_order_relaxed); }
 void router(const RouterArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
   if (a.k > 64) fail("router: top-k ", a.k, " exceeds the kernel's limit of 64");
   const size_t sm = static_cast<size_t>(a.E) * 12;
-  if (a.comb && a.n != 1) fail("router: the deferred comb's Sinkhorn takes one token");
+  if (a.comb.comb && a.n != 1) fail("router: the deferred comb's Sinkhorn takes one token");
   set_smem(reinterpret_cast<const void*>(router_kernel), sm);
-  launch(router_kernel, a.n + (a.comb ? 1 : 0), 256, sm, s, a);
+  launch(router_kernel, a.n + (a.comb.comb ? 1 : 0), 256, sm, s, a);
   DSV4_LAUNCHED();
 }
 

@@ -159,13 +159,22 @@ struct NormRopeArgs {
   bool round_x = false;
 };
 void norm_rope(const NormRopeArgs& a, cudaStream_t s);
+// A one-token pre's deferred comb (HcPreArgs::comb_logits: comb [4][4] holds logits): a kernel given one runs their
+// Sinkhorn in place in an extra block that releases its dependents at once and never waits -- the logits come from
+// a kernel at least two back -- so that the post consuming comb reads it final (HcCombIn{}) instead of running the
+// Sinkhorn in its own prologue, which cannot overlap a predecessor that fills every SM. hc 4.
+struct DeferredComb {
+  float* comb = nullptr;
+  float eps = 0.0f;
+  int iters = 0;
+};
 // Many rows of <= 512 through a warp loop that prefetches each warp's next row (default; DSV4_NORM_ROPE_PF=0 /
 // set_norm_rope_pf(false): one row per warp). The same bits. Session 19 (one H200, 20 Flash layers, 8K prompt, one run
 // each): q_rope 25.8 -> 15.6 ms, prefill 16,684 -> 16,955 tok/s.
 void set_norm_rope_pf(bool on);
 bool norm_rope_pf();
 // Two independent row sets (a's rows, then b's) in one launch; each row exactly as norm_rope computes it.
-void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s);
+void norm_rope2(const NormRopeArgs& a, const NormRopeArgs& b, cudaStream_t s, DeferredComb comb = {});
 
 // X[t, s, :] = embed[ids[t], :] for every stream s. dtype: 0 f32, 1 bf16, 2 f16.
 void embed(const void* table, int dtype, int64_t d, const int32_t* ids, int n, int hc, float* X, cudaStream_t s);
@@ -384,17 +393,18 @@ struct RouterArgs {
   float scaling = 1.0f;
   int32_t* sel = nullptr;
   float* wts = nullptr;
-  // One token: comb [4][4] holds the logits a pre left (HcPreArgs::comb_logits); an extra block runs their Sinkhorn
-  // in place (hc 4), beside the routing, so that the FFN's post reads a final comb (HcCombIn{}) and does not run it
-  // in its own prologue, which cannot overlap the expert launches before it (they fill every SM).
-  float* comb = nullptr;
-  float comb_eps = 0.0f;
-  int comb_iters = 0;
+  // One token: the FFN pre's deferred comb, finished beside the routing (DeferredComb; the expert launches before its
+  // post fill every SM).
+  DeferredComb comb;
 };
 void router(const RouterArgs& a, cudaStream_t s);
 // The router's comb Sinkhorn in decode steps (CudaBackend; DSV4_ROUTER_SINKHORN=0 / false: the post runs it, A/B).
 void set_router_sinkhorn(bool on);
 bool router_sinkhorn_enabled();
+// The attention pre's comb Sinkhorn in attn_qkv's norm_rope2 launch in decode steps (CudaBackend;
+// DSV4_NORM_SINKHORN=1 / true; default off: measurement).
+void set_norm_sinkhorn(bool on);
+bool norm_sinkhorn_enabled();
 // The decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store inside
 // the attention's merge kernel (DSV4_ATTEND_FUSE_STORE=0 / false: window_store's own kernel) and the attention
 // output's inverse RoPE inside the merge kernel (DSV4_ATTEND_FUSE_DEROPE=0 / false: attn_out's norm_rope launch).

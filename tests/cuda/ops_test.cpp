@@ -2289,6 +2289,106 @@ TEST(CudaOps, RouterFinalizesDeferredComb) {
     }
 }
 
+// The gate GEMV with the routing fused (LinearArgs::route): the same logits, selection and weights as the GEMV then
+// router(), bit for bit, for score and hash routing at Flash's and Pro's gate shapes (BF16, as released), repeated
+// (the counter is left 0 for the next launch), in a captured graph replayed 3 times, and with a deferred comb, which
+// must come out as a pre with its own Sinkhorn leaves it. Shapes the staged GEMV does not take are an error.
+TEST(CudaOps, RouterFusedIntoGateGemv) {
+  const int k = 6;
+  std::mt19937 g(91);
+  DBuf<int32_t> counter(vector<int32_t>{0});
+  const WeightFormat fmt = WeightFormat::BF16;  // the release's gate
+  for (const int64_t d : {int64_t{4096}, int64_t{7168}}) {
+      const int E = d == 4096 ? 256 : 384;
+      auto L = make_linear(fmt, E, d, g);
+      cu::DevLinear W = cu::upload_linear(L->ref);
+      const vector<float> x = randn(static_cast<size_t>(d), g), bias = randn(E, g, 0.1f);
+      vector<int32_t> tid2eid(static_cast<size_t>(40) * k), ids{23};
+      for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = static_cast<int32_t>((i * 53) % E);
+      DBuf<float> dx(x), dbias(bias);
+      DBuf<int32_t> dt2e(tid2eid), dids(ids);
+      for (bool hash : {false, true})
+        for (bool with_comb : {false, true}) {
+          SCOPED_TRACE(testing::Message() << weight_format_name(fmt) << " d=" << d << (hash ? " hash" : " score")
+                                          << (with_comb ? " + comb" : ""));
+          const DeferredCombCase cc = deferred_comb_case(true, 86);
+          struct Out {
+            vector<float> logits, wts, comb;
+            vector<int32_t> sel;
+          };
+          auto run = [&](bool fused, bool graph) {
+            DBuf<float> dlog(static_cast<size_t>(E)), dwts(static_cast<size_t>(k)), dcomb(cc.logits);
+            DBuf<int32_t> dsel(static_cast<size_t>(k));
+            cu::RouterArgs r;
+            r.logits = dlog.p, r.n = 1, r.E = E, r.k = k, r.func = 0, r.norm_topk = true, r.scaling = 1.5f;
+            if (hash) r.tid2eid = dt2e.p, r.ids = dids.p;
+            else r.bias = dbias.p;
+            r.sel = dsel.p, r.wts = dwts.p;
+            if (with_comb) r.comb = cu::DeferredComb{dcomb.p, 1e-6f, 20};
+            cu::RouteTail rt;
+            rt.r = r, rt.counter = counter.p;
+            cu::LinearArgs a;
+            a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog.p, a.ldy = E;
+            if (fused) a.route = &rt;
+            auto issue = [&](cudaStream_t st) {
+              cu::linear(W, a, st);
+              if (!fused) cu::router(r, st);
+            };
+            if (graph) {
+              cudaStream_t st = nullptr;
+              DSV4_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+              cudaGraph_t gr = nullptr;
+              cudaGraphExec_t ex = nullptr;
+              DSV4_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+              issue(st);
+              DSV4_CU(cudaStreamEndCapture(st, &gr));
+              DSV4_CU(cudaGraphInstantiate(&ex, gr, 0));
+              for (int rep = 0; rep < 3; ++rep) {
+                DSV4_CU(cudaMemcpyAsync(dcomb.p, cc.logits.data(), cc.logits.size() * 4, cudaMemcpyHostToDevice, st));
+                DSV4_CU(cudaGraphLaunch(ex, st));
+              }
+              DSV4_CU(cudaStreamSynchronize(st));
+              DSV4_CU(cudaGraphExecDestroy(ex));
+              DSV4_CU(cudaGraphDestroy(gr));
+              DSV4_CU(cudaStreamDestroy(st));
+            } else {
+              issue(nullptr);
+              issue(nullptr);  // twice: the fused launch must leave the counter at 0 (the comb: finished twice)
+            }
+            return Out{dlog.get(), dwts.get(), dcomb.get(), dsel.get()};
+          };
+          const Out want = run(false, false);
+          for (bool graph : {false, true}) {
+            const Out got = run(true, graph);
+            EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * 4), 0) << "logits" << (graph ? " (graph)" : "");
+            EXPECT_EQ(got.sel, want.sel) << (graph ? "graph" : "eager");
+            EXPECT_EQ(std::memcmp(got.wts.data(), want.wts.data(), want.wts.size() * 4), 0) << "weights" << (graph ? " (graph)" : "");
+            EXPECT_EQ(counter.get()[0], 0) << "the counter is left 0";
+          }
+          if (with_comb) {
+            // (Finished twice above: the Sinkhorn of an already final comb is not the identity, so compare one run.)
+            DBuf<float> dlog(static_cast<size_t>(E)), dwts(static_cast<size_t>(k)), dcomb(cc.logits);
+            DBuf<int32_t> dsel(static_cast<size_t>(k));
+            cu::RouteTail rt;
+            rt.r.logits = dlog.p, rt.r.n = 1, rt.r.E = E, rt.r.k = k, rt.r.bias = dbias.p, rt.r.sel = dsel.p, rt.r.wts = dwts.p;
+            rt.r.comb = cu::DeferredComb{dcomb.p, 1e-6f, 20}, rt.counter = counter.p;
+            cu::LinearArgs a;
+            a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog.p, a.ldy = E, a.route = &rt;
+            cu::linear(W, a, nullptr);
+            EXPECT_EQ(std::memcmp(dcomb.get().data(), cc.final.data(), cc.final.size() * 4), 0) << "the fused launch's comb";
+          }
+        }
+      // Two tokens, or logits elsewhere than the GEMV's output: errors, not a silent second routing.
+      cu::RouteTail rt;
+      DBuf<float> dlog(static_cast<size_t>(2 * E));
+      rt.r.logits = dlog.p, rt.r.n = 1, rt.r.E = E, rt.r.k = k, rt.counter = counter.p;
+      cu::LinearArgs a;
+      a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog.p + E, a.ldy = E, a.route = &rt;
+      EXPECT_ANY_THROW(cu::linear(W, a, nullptr));
+      cu::free_linear(W);
+    }
+}
+
 // hc_post_pre summing the MoE's expert rows itself (MoeSlots: the decode step's moe_post_pre) against moe_reduce into
 // y and then hc_post_pre reading y: bit-identical streams and pre outputs at both models' widths, for one token (the
 // deferred Sinkhorn too) and a batched step's rows, with and without a shared expert row. The expert rows are large

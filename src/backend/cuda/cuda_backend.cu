@@ -394,6 +394,8 @@ class CudaBackend final : public Backend {
     }
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
+    route_counter_ = static_cast<int*>(heap_.alloc(sizeof(int)));  // 0 between fused router launches
+    DSV4_CU(cudaMemset(route_counter_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaDeviceSynchronize());
@@ -1418,7 +1420,6 @@ class CudaBackend final : public Backend {
     std::optional<OpScope> part;
     part.emplace(this, "moe/route", true);
     float* logits = scratch(7, static_cast<size_t>(n) * E);
-    plain(L.gate, x, n, logits);
     int32_t* sel = iscratch(0, static_cast<size_t>(n) * k);
     float* wts = scratch(15, static_cast<size_t>(n) * k);
     cuda::RouterArgs r;
@@ -1428,7 +1429,17 @@ class CudaBackend final : public Backend {
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
     if (comb) r.comb = deferred_comb(comb);
-    cuda::router(r, s_);
+    if (n == 1 && cuda::router_fused_enabled()) {
+      // One launch: the gate GEMV whose last block routes (LinearArgs::route; DSV4_ROUTER_FUSED=1, measurement).
+      cuda::RouteTail rt;
+      rt.r = r, rt.counter = route_counter_;
+      cuda::LinearArgs la;
+      la.x = x, la.ldx = L.gate.in, la.n = 1, la.y = logits, la.ldy = L.gate.out, la.route = &rt;
+      cuda::linear(L.gate, la, s_);
+    } else {
+      plain(L.gate, x, n, logits);
+      cuda::router(r, s_);
+    }
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2, a.tiles = L.tiles;
@@ -1977,6 +1988,7 @@ class CudaBackend final : public Backend {
   bool idx_scores_pending_ = false;  // an indexer_topk of this fork window recorded idx_done_ev_ (batched decode)
   // Deferred combs (one token): the comb an attention pre left logits in (until the next attn_qkv), and the comb a
   // launch since then finished (norm_sinkhorn), which the next post then reads as final.
+  int* route_counter_ = nullptr;  // the fused router GEMV's block count (cuda::RouteTail)
   float* attn_comb_logits_ = nullptr;
   const float* comb_final_ = nullptr;
   int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; one slot per side stream (they may run at once)

@@ -1611,41 +1611,37 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-__global__ void router_kernel(RouterArgs a) {
-  if (static_cast<int>(blockIdx.x) == a.n) {  // RouterArgs::comb: the FFN pre's deferred comb, beside the routing
-    finish_deferred_comb(a.comb);
-    return;
-  }
-  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
-  __shared__ double red[32];
-  __shared__ int sel[64];
-  const int t = blockIdx.x, E = a.E, k = a.k;
+// router()'s function for token t by one 256-thread block: route_load_bias first (a constant: before any wait), then
+// route_token over the logits (read through L2: the fused GEMV's other blocks wrote them). sm: 3 E floats (s, biased,
+// bias), red: 32 doubles, sel: 64 ints of shared memory.
+__device__ __forceinline__ void route_load_bias(const RouterArgs& a, float* sm) {
+  if (a.bias)
+    for (int e = threadIdx.x; e < a.E; e += blockDim.x) sm[2 * a.E + e] = a.bias[e];
+}
+__device__ __forceinline__ void route_token(const RouterArgs& a, int t, float* sm, double* red, int* sel) {
+  const int E = a.E, k = a.k;
   const float* lg = a.logits + static_cast<int64_t>(t) * E;
   float* s = sm;
   float* b = sm + E;
-  float* bias = sm + 2 * E;
-  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
-  if (a.bias)
-    for (int e = threadIdx.x; e < E; e += blockDim.x) bias[e] = a.bias[e];
-  pdl_wait();
+  const float* bias = sm + 2 * E;
   float mx = -INFINITY;
   if (a.func == 2) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, lg[e]);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, __ldcg(lg + e));
     mx = block_max(mx, red);
   }
   double z = 0.0;
   if (a.func == 2) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) z += exp(static_cast<double>(lg[e] - mx));
+    for (int e = threadIdx.x; e < E; e += blockDim.x) z += exp(static_cast<double>(__ldcg(lg + e) - mx));
     z = block_sum_d(z, red);
   }
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float v = lg[e];
+    const float v = __ldcg(lg + e);
     float sv;
     if (a.func == 0) sv = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
     else if (a.func == 1) sv = sigm(v);
     else sv = static_cast<float>(exp(static_cast<double>(v - mx)) / z);
     s[e] = sv;
-    b[e] = a.bias ? sv + bias[e] : sv;  // bias[e] was written by this same thread
+    b[e] = a.bias ? sv + bias[e] : sv;  // bias[e] was written by this same thread (route_load_bias)
   }
   __syncthreads();
   if (a.tid2eid) {
@@ -1667,6 +1663,20 @@ __global__ void router_kernel(RouterArgs a) {
       a.wts[t * k + j] = static_cast<float>(a.norm_topk ? sj / sum : static_cast<double>(sj)) * a.scaling;
     }
   }
+}
+
+__global__ void router_kernel(RouterArgs a) {
+  if (static_cast<int>(blockIdx.x) == a.n) {  // RouterArgs::comb: the FFN pre's deferred comb, beside the routing
+    finish_deferred_comb(a.comb);
+    return;
+  }
+  extern __shared__ float sm[];  // s[E], biased[E], bias[E]
+  __shared__ double red[32];
+  __shared__ int sel[64];
+  // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
+  route_load_bias(a, sm);
+  pdl_wait();
+  route_token(a, static_cast<int>(blockIdx.x), sm, red, sel);
 }
 
 __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt, bool official) {
@@ -2313,8 +2323,64 @@ bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
          gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off);
 }
 
+namespace {
+// The staged GEMVs' K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32
+// chunks a slice.
+int gemv_kslices(const DevLinear& W, int n, int f) {
+  const int64_t nch = W.in / chunk_width(f);
+  const unsigned ty = blocks_for(n, kGemvNT);
+  int ks = 1;
+  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
+  return ks;
+}
+// Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
+bool gemv_xs_tiles_taken(const DevLinear& W, const LinearArgs& a, int ks) {
+  const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
+  return a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 && (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks;
+}
+// LinearArgs::route: gemv()'s single-token staged GEMV (gemv_xs_kernel) with the routing fused, on exactly the shapes
+// for which gemv() takes that kernel (so the logits are its bits); an error elsewhere.
+void gemv_routed(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
+  const RouteTail& rt = *a.route;
+  const RouterArgs& r = rt.r;
+  LinearArgs p = a;
+  p.route = nullptr;
+  const int f = fmt_of(W.fmt);
+  const bool staged = a.n == 1 && gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) &&
+                      !gemv_tc_grouped_eligible(W, p) && !gemv_tc_eligible(W, p) && !gemv_ring_eligible(W, p) &&
+                      a.group_rows == 0 && use_xs(W.in) && !gemv_xs_tiles_taken(W, p, gemv_kslices(W, 1, f));
+  if (!staged) fail("linear: the fused routing takes the single-token staged GEMV (", W.out, "x", W.in, ", n ", a.n, ")");
+  if (r.n != 1 || r.E != W.out || r.logits != a.y || r.k < 1 || r.k > 64 || !rt.counter || 3 * static_cast<int64_t>(r.E) > W.in)
+    fail("linear: the fused routing needs one token whose logits are this GEMV's output, k <= 64, a counter and 3 E <= K");
+  if (r.comb.comb && r.n != 1) fail("router: the deferred comb's Sinkhorn takes one token");
+  const int ks = gemv_kslices(W, 1, f);
+  const int nblocks = static_cast<int>(blocks_for(W.out, static_cast<int>((8 / ks) * kGemvR)));
+  const unsigned grid = static_cast<unsigned>(nblocks + (r.comb.comb ? 1 : 0));
+  const size_t sm = static_cast<size_t>(W.in) * 4;
+  const WRow wr = wrow(W);
+  switch (f) {
+    case kF32: allow_smem(gemv_xs_route_kernel<kF32>, sm), launch(gemv_xs_route_kernel<kF32>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
+    case kBF16: allow_smem(gemv_xs_route_kernel<kBF16>, sm), launch(gemv_xs_route_kernel<kBF16>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
+    case kF16: allow_smem(gemv_xs_route_kernel<kF16>, sm), launch(gemv_xs_route_kernel<kF16>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
+    case kFP8: allow_smem(gemv_xs_route_kernel<kFP8>, sm), launch(gemv_xs_route_kernel<kFP8>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
+    case kFP4: allow_smem(gemv_xs_route_kernel<kFP4>, sm), launch(gemv_xs_route_kernel<kFP4>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
+  }
+  DSV4_LAUNCHED();
+}
+std::atomic<bool> g_router_fused_on{[] {
+  const char* e = std::getenv("DSV4_ROUTER_FUSED");
+  return e && std::string(e) == "1";
+}()};
+}  // namespace
+void set_router_fused(bool on) { g_router_fused_on.store(on, std::memory_order_relaxed); }
+bool router_fused_enabled() { return g_router_fused_on.load(std::memory_order_relaxed); }
+
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
+  if (a.route) {
+    gemv_routed(W, a, s);
+    return;
+  }
   if (a.qa8_x && !gemv_stages_x(W, a)) fail("linear: qa8_x on a path that does not stage x (", W.out, "x", W.in, ", n ", a.n, ")");
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
@@ -2421,16 +2487,11 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     DSV4_LAUNCHED();
     return;
   }
-  // K split: the fewest slices (1, 2, 4, 8 warps per row group) that give >= 256 blocks, keeping >= 32 chunks a slice.
-  const int64_t nch = W.in / chunk_width(f);
   const unsigned ty = blocks_for(a.n, kGemvNT);
-  int ks = 1;
-  while (ks < 8 && static_cast<int64_t>(blocks_for(W.out, (8 / ks) * kGemvR)) * ty < 256 && nch / (2 * ks) >= 32) ks *= 2;
+  const int ks = gemv_kslices(W, a.n, f);
   const int64_t block_rows = (8 / ks) * kGemvR;
-  // Tall single-token GEMVs: the persistent tile-walking kernel once there are several tiles per resident warp.
   const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
-  if (a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 &&
-      (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks) {
+  if (gemv_xs_tiles_taken(W, a, ks)) {
     const size_t sm = static_cast<size_t>(W.in) * 4;
     const dim3 grid(static_cast<unsigned>(persistent_blocks));
     switch (f) {

@@ -47,6 +47,7 @@ void free_linear(DevLinear& l);
 // y[t, r] (+ row stride ldy) = x[t, :] . W[r, :] for t < n.
 // Grouped mode (group_rows > 0): row r reads x + (r / group_rows) * group_x_off (the grouped wo_a).
 // round_bf16: BF16 RNE of every output (official numerics' linear outputs).
+struct RouteTail;
 struct LinearArgs {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -63,6 +64,9 @@ struct LinearArgs {
   // gemv_stages_x() holds (single-token GEMVs, and the tensor-core GEMV of up to 15 tokens), the same QA8 values as
   // qa8_rows + GEMV.
   bool qa8_x = false;
+  // The router's gate GEMV of one token with the routing fused (RouteTail, below; CudaBackend under
+  // DSV4_ROUTER_FUSED=1): only on the single-token staged GEMV (gemv_xs_kernel's shapes), else an error.
+  const RouteTail* route = nullptr;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
 // exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
@@ -398,6 +402,17 @@ struct RouterArgs {
   DeferredComb comb;
 };
 void router(const RouterArgs& a, cudaStream_t s);
+// LinearArgs::route: the gate GEMV's launch also runs router(r) -- its last block to finish routes over the logits
+// all blocks wrote (r.logits == the GEMV's y, one token), and r.comb, if any, gets an extra block (which waits: the
+// pre that left the logits is the GEMV's predecessor). One kernel boundary fewer per layer; the same bits as the GEMV
+// then router(). counter: a device int that is 0 before the launch (the last block leaves it 0 again).
+struct RouteTail {
+  RouterArgs r;
+  int* counter = nullptr;
+};
+// DSV4_ROUTER_FUSED=1 / set_router_fused(true): CudaBackend's decode steps take it (default off: measurement).
+void set_router_fused(bool on);
+bool router_fused_enabled();
 // The router's comb Sinkhorn in decode steps (CudaBackend; DSV4_ROUTER_SINKHORN=0 / false: the post runs it, A/B).
 void set_router_sinkhorn(bool on);
 bool router_sinkhorn_enabled();

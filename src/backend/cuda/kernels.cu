@@ -52,6 +52,11 @@ bool switch_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
 }
+// A measurement switch read from the environment once: off unless set to "1".
+bool switch_opt_in(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "1";
+}
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
@@ -2367,10 +2372,7 @@ void gemv_routed(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   }
   DSV4_LAUNCHED();
 }
-std::atomic<bool> g_router_fused_on{[] {
-  const char* e = std::getenv("DSV4_ROUTER_FUSED");
-  return e && std::string(e) == "1";
-}()};
+std::atomic<bool> g_router_fused_on{switch_opt_in("DSV4_ROUTER_FUSED")};
 }  // namespace
 void set_router_fused(bool on) { g_router_fused_on.store(on, std::memory_order_relaxed); }
 bool router_fused_enabled() { return g_router_fused_on.load(std::memory_order_relaxed); }
@@ -3129,12 +3131,7 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
 
 namespace {
 std::atomic<bool> g_router_sinkhorn_on{switch_on("DSV4_ROUTER_SINKHORN")};
-}  // namespace
-namespace {
-std::atomic<bool> g_norm_sinkhorn_on{[] {
-  const char* e = std::getenv("DSV4_NORM_SINKHORN");
-  return e && std::string(e) == "1";
-}()};
+std::atomic<bool> g_norm_sinkhorn_on{switch_opt_in("DSV4_NORM_SINKHORN")};
 }  // namespace
 void set_norm_sinkhorn(bool on) { g_norm_sinkhorn_on.store(on, std::memory_order_relaxed); }
 bool norm_sinkhorn_enabled() { return g_norm_sinkhorn_on.load(std::memory_order_relaxed); }

@@ -1339,8 +1339,8 @@ class CudaBackend final : public Backend {
     // ... and a deferred comb (one token) gets its Sinkhorn from the router's extra block, beside the routing, so the
     // post reads it final: in the post's prologue it could not overlap the expert launches, which fill every SM.
     const bool comb_by_router = tp_ == 1 && defer_sinkhorn(n) && cuda::router_sinkhorn_enabled();
-    const cuda::HcCombIn ci = comb_by_router ? cuda::HcCombIn{} : post_comb_in(comb, n);
-    comb_final_ = nullptr;
+    const cuda::HcCombIn from_pre = post_comb_in(comb, n);
+    const cuda::HcCombIn ci = comb_by_router ? cuda::HcCombIn{} : from_pre;
     cuda::HcPreArgs probe;
     probe.n = n, probe.d = c_.hidden, probe.hc = c_.hc_mult;
     const bool sum = tp_ == 1 && cuda::hc_post_pre_sums_slots(probe, ci);
@@ -1986,9 +1986,9 @@ class CudaBackend final : public Backend {
   // joined since the last join, so attend() need not wait for it).
   int64_t attn_fork_gen_ = 0, attn_wait_gen_[3] = {-1, -1, -1};
   bool idx_scores_pending_ = false;  // an indexer_topk of this fork window recorded idx_done_ev_ (batched decode)
+  int* route_counter_ = nullptr;  // the fused router GEMV's block count (cuda::RouteTail)
   // Deferred combs (one token): the comb an attention pre left logits in (until the next attn_qkv), and the comb a
   // launch since then finished (norm_sinkhorn), which the next post then reads as final.
-  int* route_counter_ = nullptr;  // the fused router GEMV's block count (cuda::RouteTail)
   float* attn_comb_logits_ = nullptr;
   const float* comb_final_ = nullptr;
   int lin_qa8_slot_ = 12;  // lin()'s QA8 scratch; one slot per side stream (they may run at once)

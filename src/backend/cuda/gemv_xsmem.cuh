@@ -170,14 +170,7 @@ __device__ __forceinline__ void gemv_xs_body(const WRow& W, int64_t out, const L
     if (static_cast<int>(blockIdx.x) == nblocks) {
       // The comb's logits come from the pre this GEMV follows: wait, then the Sinkhorn in place, beside the GEMV.
       pdl_wait();
-      if (threadIdx.x == 0) {
-        float c[4][4];
-        hc_comb_from_logits(rt.r.comb.comb, 0, rt.r.comb.eps, rt.r.comb.iters, c);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) rt.r.comb.comb[j * 4 + k] = c[j][k];
-      }
+      sinkhorn_comb_in_place(rt.r.comb);
       return;
     }
   }

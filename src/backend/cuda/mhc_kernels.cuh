@@ -373,11 +373,8 @@ __device__ __forceinline__ void hc_comb_from_logits(const float* comb_in, int t,
     for (int k = 0; k < 4; ++k) c[j][k] = __ldcg(comb_in + t * 16 + j * 4 + k);
   hc_sinkhorn_core<4>(c, eps, iters);
 }
-// The extra block of a launch given a DeferredComb (ops.h): the one-token comb's Sinkhorn in place. Its logits were
-// written by a kernel at least two back in the stream, so they are read before any wait; the block never waits and
-// releases the dependents at once, so it only runs beside the launch's other blocks.
-__device__ __forceinline__ void finish_deferred_comb(const DeferredComb& dc) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+// A DeferredComb's (ops.h) one-token comb: its Sinkhorn in place, by thread 0 of the calling block.
+__device__ __forceinline__ void sinkhorn_comb_in_place(const DeferredComb& dc) {
   if (threadIdx.x != 0) return;
   float c[4][4];
   hc_comb_from_logits(dc.comb, 0, dc.eps, dc.iters, c);
@@ -385,6 +382,14 @@ __device__ __forceinline__ void finish_deferred_comb(const DeferredComb& dc) {
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int k = 0; k < 4; ++k) dc.comb[j * 4 + k] = c[j][k];
+}
+// The extra block of a launch given a DeferredComb whose logits were written by a kernel at least two back in the
+// stream: read before any wait; the block never waits and releases the dependents at once, so it only runs beside
+// the launch's other blocks. (The fused router GEMV's block, one kernel after the pre, waits and then calls
+// sinkhorn_comb_in_place.)
+__device__ __forceinline__ void finish_deferred_comb(const DeferredComb& dc) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  sinkhorn_comb_in_place(dc);
 }
 
 // The Sinkhorn of n tokens' comb logits in place, one thread per token (hc 4): the prefill form of the deferred

@@ -248,11 +248,13 @@ TEST(CudaSpeculative, FlashShapedRecordedPairsMatchPlainStepsReference) {
 
 // Single-token decode graphs at Flash shapes (the same 4 synthetic layers, both numerics, the compressor / indexer side
 // branches on): 160 steps from position 100, recorded twice and launched op by op. Two recorded runs: bit for bit (a
-// race shows here). Recorded vs eager: printed, and within rel L2 1e-4 (reference) / 5e-2 (official) per step.
+// race shows here); a third recorded run with the indexer's scores and top-k as two launches: bit for bit too.
+// Recorded vs eager: printed, and within rel L2 1e-4 (reference) / 5e-2 (official) per step.
 void flash_shaped_steps_recorded_match_eager(Numerics nm) {
   {
-    std::vector<std::vector<float>> got[3];
-    for (int g = 0; g < 3; ++g) {
+    std::vector<std::vector<float>> got[4];
+    for (int g = 0; g < 4; ++g) {
+      cuda::set_indexer_fused(g != 3);  // run 3: recorded, the indexer's scores and top-k as two launches
       SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
       const ModelConfig cfg = syn.cfg;
       Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g >= 1}), nm);
@@ -269,6 +271,7 @@ void flash_shaped_steps_recorded_match_eager(Numerics nm) {
         got[g].push_back(l1);
       }
     }
+    cuda::set_indexer_fused(true);
     auto differ = [&](int x, int y, int64_t* first, double* worst) {
       int d = 0;
       *first = -1, *worst = 0;
@@ -283,11 +286,15 @@ void flash_shaped_steps_recorded_match_eager(Numerics nm) {
     };
     int64_t f_eg, f_gg;
     double w_eg, w_gg;
-    const int d_eg = differ(0, 1, &f_eg, &w_eg), d_gg = differ(1, 2, &f_gg, &w_gg);
+    int64_t f_fu;
+    double w_fu;
+    const int d_eg = differ(0, 1, &f_eg, &w_eg), d_gg = differ(1, 2, &f_gg, &w_gg), d_fu = differ(1, 3, &f_fu, &w_fu);
     std::printf("[cuda-graph] Flash-shaped single steps, %s: recorded vs eager %d of %zu differ (first at %lld, worst "
                 "rel L2 %.3g); recorded vs recorded %d differ (first at %lld, worst %.3g)\n",
                 numerics_name(nm), d_eg, got[0].size(), (long long)f_eg, w_eg, d_gg, (long long)f_gg, w_gg);
     EXPECT_EQ(d_gg, 0) << numerics_name(nm);
+    EXPECT_EQ(d_fu, 0) << numerics_name(nm) << ": the fused indexer (64 heads) vs its two launches, first at " << f_fu
+                       << ", worst rel L2 " << w_fu;
     EXPECT_LE(w_eg, nm == Numerics::Reference ? 1e-4 : 5e-2) << numerics_name(nm);
   }
 }
@@ -372,7 +379,8 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
 }
 
 // The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel, the mHC Sinkhorn
-// deferred to the posts) and the compressor / indexer side stream against the same model with all of them off:
+// deferred to the posts or to the router's / norm_rope2's extra blocks, the MoE sum in the next post, the indexer's
+// scores and top-k as one launch) and the compressor / indexer side stream against the same model with all of them off:
 // bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (window_store
 // skipping the row attend already stored, attn_out skipping its norm_rope, the fork and join around the compressor
 // and indexer ops, and for batched decode the re-fork per row). On these tiny fixtures (hc_mult 4) all of them
@@ -385,6 +393,7 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_attend_derope_fuse(on);
     cuda::set_hc_defer_sinkhorn(on);
     cuda::set_expert_stage_batch(on);
+    cuda::set_indexer_fused(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;
@@ -412,6 +421,17 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         cuda::set_attn_lazy_fork(true);
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " eager fork: rel L2 " << rel_l2(got, want);
+        // The deferred combs finished by the posts themselves (not by the router's / norm_rope2's extra blocks), and
+        // the expert rows summed by moe_reduce (not by the next post).
+        cuda::set_router_sinkhorn(false), cuda::set_norm_sinkhorn(false), cuda::set_hc_moe_sum(false);
+        {
+          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+          got = decode_logits(m, ids, 9);
+        }
+        cuda::set_router_sinkhorn(true), cuda::set_norm_sinkhorn(true), cuda::set_hc_moe_sum(true);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " posts' own Sinkhorn: rel L2 "
+            << rel_l2(got, want);
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.
     for (Numerics nm : {Numerics::Reference, Numerics::Official}) {

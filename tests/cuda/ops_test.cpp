@@ -2003,6 +2003,106 @@ TEST(CudaOps, IndexerScoresAndTopk) {
   run_indexer(2048);
   run_indexer(4096);
 }
+// The single-token indexer as one launch (indexer_topk_fused) against indexer_scores + topk_rows: the same score bits
+// for every visible key and the same top-k, at Flash's 64 x 128 over 2048 keys (8K context) and over 4096 keys of a
+// longer score row (a graph step's whole capacity), a row shorter than k (-1 padding), a row longer than the top-k's
+// shared-memory cache (the uncached path, ~1,100 scoring blocks), both numerics. A quarter of the key rows repeat
+// others, so equal scores straddle the k-th place (the tie rule). Each case runs three times eagerly and three
+// times as a replayed graph with the position read from the device (the counters must come back to zero each
+// time), after a kernel that writes the queries (a PDL predecessor).
+TEST(CudaOps, IndexerTopkFused) {
+  std::mt19937 g(123);
+  const int Hi = 64, K = 512, ratio = 4;
+  const int64_t Di = 128;
+  struct Case {
+    int64_t nkeys, ld, pos;  // keys in the cache, the score row's length, the query position
+  };
+  cudaStream_t s = nullptr;
+  DSV4_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DBuf<int> counters(3);
+  for (const Case c : {Case{2048, 2048, 8191}, Case{4096, 8192, 16383}, Case{4096, 8192, 1203}, Case{70000, 70000, 279999},
+                       Case{300, 2048, 1202}})
+    for (bool official : {false, true}) {
+      const std::string what = std::to_string(c.nkeys) + " keys, row " + std::to_string(c.ld) + ", position " +
+                               std::to_string(c.pos) + (official ? ", official" : ", reference");
+      vector<float> q = randn(static_cast<size_t>(Hi * Di), g), w = randn(static_cast<size_t>(Hi), g),
+                    keys = randn(static_cast<size_t>(c.nkeys * Di), g);
+      std::uniform_int_distribution<int64_t> pick(0, c.nkeys - 1);
+      for (int64_t r = 0; r < c.nkeys / 4; ++r) {
+        const int64_t a = pick(g), b = pick(g);
+        std::copy(keys.begin() + a * Di, keys.begin() + (a + 1) * Di, keys.begin() + b * Di);
+      }
+      if (official) num::round_bf16(w.data(), Hi);
+      const int64_t V = std::min<int64_t>({(c.pos + 1) / ratio, c.ld, c.nkeys});
+      ASSERT_EQ(V, std::min<int64_t>((c.pos + 1) / ratio, c.ld)) << what << ": the case needs every visible key cached";
+      DBuf<float> dq(q), dw(w), dk(keys), want_sc(static_cast<size_t>(c.ld)), got_sc(static_cast<size_t>(c.ld));
+      DBuf<int32_t> want_top(K), got_top(K);
+      DBuf<int64_t> dpos(vector<int64_t>{c.pos});
+      cu::indexer_scores(dq.p, dw.p, dk.p, 1, Hi, Di, c.pos, ratio, c.nkeys, official, want_sc.p, c.ld, nullptr);
+      cu::topk_rows(want_sc.p, 1, c.ld, c.pos, ratio, K, want_top.p, nullptr);
+      const auto ws = want_sc.get();
+      const auto wt = want_top.get();
+      ASSERT_TRUE(cu::indexer_topk_fused_ok(Hi, Di, K));
+      cu::IndexerTopkArgs a;
+      a.q = dq.p, a.wts = dw.p, a.keys = dk.p, a.heads = Hi, a.Di = Di, a.pos0 = c.pos, a.ratio = ratio;
+      a.n_keys = c.nkeys, a.official = official, a.scores = got_sc.p, a.ld = c.ld, a.k = K, a.topk = got_top.p;
+      a.counters = counters.p;
+      DBuf<float> qe(q.size());  // the PDL predecessor's output: the queries the fused kernel reads
+      cu::NormRopeArgs cp;  // a plain copy (no norm, no RoPE)
+      cp.x = dq.p, cp.y = qe.p, cp.rows = Hi, cp.rows_per_token = Hi, cp.len = Di, cp.do_norm = false;
+      for (int graph = 0; graph < 2; ++graph) {
+        cu::IndexerTopkArgs b = a;
+        b.q = qe.p;
+        if (graph) b.dpos = dpos.p, b.pos0 = 0, b.n_keys = 0;  // both from the device position (graph mode)
+        cudaGraphExec_t exec = nullptr;
+        if (graph) {
+          cudaGraph_t gr = nullptr;
+          DSV4_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+          cu::norm_rope(cp, s);
+          cu::indexer_topk_fused(b, s);
+          DSV4_CU(cudaStreamEndCapture(s, &gr));
+          DSV4_CU(cudaGraphInstantiate(&exec, gr, 0));
+          DSV4_CU(cudaGraphDestroy(gr));
+        }
+        for (int rep = 0; rep < 3; ++rep) {
+          cu::fill_f32(qe.p, Hi * Di, std::nanf(""), s);
+          cu::fill_f32(got_sc.p, c.ld, std::nanf(""), s);  // poison: every visible score rewritten
+          DSV4_CU(cudaMemsetAsync(got_top.p, 0x55, K * sizeof(int32_t), s));  // and every top-k slot
+          if (graph) {
+            DSV4_CU(cudaGraphLaunch(exec, s));
+          } else {
+            cu::norm_rope(cp, s);
+            cu::indexer_topk_fused(b, s);
+          }
+          DSV4_CU(cudaStreamSynchronize(s));
+          const auto gs = got_sc.get();
+          const auto gt = got_top.get();
+          const auto cnt = counters.get();
+          const std::string where = what + (graph ? ", graph" : ", eager") + " rep " + std::to_string(rep);
+          EXPECT_EQ(std::memcmp(gs.data(), ws.data(), static_cast<size_t>(V) * sizeof(float)), 0) << where << ": scores";
+          EXPECT_EQ(gt, wt) << where << ": top-k";
+          EXPECT_EQ(cnt, (vector<int>{0, 0, 0})) << where << ": the counters are left zero";
+        }
+        if (exec) DSV4_CU(cudaGraphExecDestroy(exec));
+      }
+      // The top-k really is the CPU rule's on these scores (ties included), so the comparison above is not vacuous.
+      vector<int32_t> order(static_cast<size_t>(V));
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t kk = std::min<int64_t>(V, K);
+      std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                        [&](int x, int y) { return ws[x] > ws[y] || (ws[x] == ws[y] && x < y); });
+      vector<int32_t> rule(order.begin(), order.begin() + kk);
+      rule.resize(K, -1);
+      EXPECT_EQ(wt, rule) << what << ": topk_rows vs the CPU rule";
+    }
+  cu::IndexerTopkArgs bad;
+  bad.heads = 32, bad.Di = 128, bad.k = 512, bad.ld = 2048, bad.counters = counters.p;
+  EXPECT_ANY_THROW(cu::indexer_topk_fused(bad, s)) << "32 heads";
+  bad.heads = 64, bad.counters = nullptr;
+  EXPECT_ANY_THROW(cu::indexer_topk_fused(bad, s)) << "no counters";
+  DSV4_CU(cudaStreamDestroy(s));
+}
+
 // Prefill chunks (official: the wgmma kernel): a chunk not a multiple of the kernel's 4 queries, keys not a multiple
 // of its 64-key tiles; the CPU, the FMA kernel's bits, decode's bits.
 TEST(CudaOps, IndexerScoresPrefillChunk) {
@@ -2286,106 +2386,6 @@ TEST(CudaOps, RouterFinalizesDeferredComb) {
       EXPECT_EQ(std::memcmp(dcomb.get().data(), want.data(), want.size() * 4), 0) << "comb after the router";
       EXPECT_EQ(sel0, sel1);
       EXPECT_EQ(std::memcmp(w0.data(), w1.data(), w0.size() * 4), 0) << "routing weights";
-    }
-}
-
-// The gate GEMV with the routing fused (LinearArgs::route): the same logits, selection and weights as the GEMV then
-// router(), bit for bit, for score and hash routing at Flash's and Pro's gate shapes (BF16, as released), repeated
-// (the counter is left 0 for the next launch), in a captured graph replayed 3 times, and with a deferred comb, which
-// must come out as a pre with its own Sinkhorn leaves it. Shapes the staged GEMV does not take are an error.
-TEST(CudaOps, RouterFusedIntoGateGemv) {
-  const int k = 6;
-  std::mt19937 g(91);
-  DBuf<int32_t> counter(vector<int32_t>{0});
-  const WeightFormat fmt = WeightFormat::BF16;  // the release's gate
-  for (const int64_t d : {int64_t{4096}, int64_t{7168}}) {
-      const int E = d == 4096 ? 256 : 384;
-      auto L = make_linear(fmt, E, d, g);
-      cu::DevLinear W = cu::upload_linear(L->ref);
-      const vector<float> x = randn(static_cast<size_t>(d), g), bias = randn(E, g, 0.1f);
-      vector<int32_t> tid2eid(static_cast<size_t>(40) * k), ids{23};
-      for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = static_cast<int32_t>((i * 53) % E);
-      DBuf<float> dx(x), dbias(bias);
-      DBuf<int32_t> dt2e(tid2eid), dids(ids);
-      for (bool hash : {false, true})
-        for (bool with_comb : {false, true}) {
-          SCOPED_TRACE(testing::Message() << weight_format_name(fmt) << " d=" << d << (hash ? " hash" : " score")
-                                          << (with_comb ? " + comb" : ""));
-          const DeferredCombCase cc = deferred_comb_case(true, 86);
-          struct Out {
-            vector<float> logits, wts, comb;
-            vector<int32_t> sel;
-          };
-          auto run = [&](bool fused, bool graph) {
-            DBuf<float> dlog(static_cast<size_t>(E)), dwts(static_cast<size_t>(k)), dcomb(cc.logits);
-            DBuf<int32_t> dsel(static_cast<size_t>(k));
-            cu::RouterArgs r;
-            r.logits = dlog.p, r.n = 1, r.E = E, r.k = k, r.func = 0, r.norm_topk = true, r.scaling = 1.5f;
-            if (hash) r.tid2eid = dt2e.p, r.ids = dids.p;
-            else r.bias = dbias.p;
-            r.sel = dsel.p, r.wts = dwts.p;
-            if (with_comb) r.comb = cu::DeferredComb{dcomb.p, 1e-6f, 20};
-            cu::RouteTail rt;
-            rt.r = r, rt.counter = counter.p;
-            cu::LinearArgs a;
-            a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog.p, a.ldy = E;
-            if (fused) a.route = &rt;
-            auto issue = [&](cudaStream_t st) {
-              cu::linear(W, a, st);
-              if (!fused) cu::router(r, st);
-            };
-            if (graph) {
-              cudaStream_t st = nullptr;
-              DSV4_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-              cudaGraph_t gr = nullptr;
-              cudaGraphExec_t ex = nullptr;
-              DSV4_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-              issue(st);
-              DSV4_CU(cudaStreamEndCapture(st, &gr));
-              DSV4_CU(cudaGraphInstantiate(&ex, gr, 0));
-              for (int rep = 0; rep < 3; ++rep) {
-                DSV4_CU(cudaMemcpyAsync(dcomb.p, cc.logits.data(), cc.logits.size() * 4, cudaMemcpyHostToDevice, st));
-                DSV4_CU(cudaGraphLaunch(ex, st));
-              }
-              DSV4_CU(cudaStreamSynchronize(st));
-              DSV4_CU(cudaGraphExecDestroy(ex));
-              DSV4_CU(cudaGraphDestroy(gr));
-              DSV4_CU(cudaStreamDestroy(st));
-            } else {
-              issue(nullptr);
-              issue(nullptr);  // twice: the fused launch must leave the counter at 0 (the comb: finished twice)
-            }
-            return Out{dlog.get(), dwts.get(), dcomb.get(), dsel.get()};
-          };
-          const Out want = run(false, false);
-          for (bool graph : {false, true}) {
-            const Out got = run(true, graph);
-            EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * 4), 0) << "logits" << (graph ? " (graph)" : "");
-            EXPECT_EQ(got.sel, want.sel) << (graph ? "graph" : "eager");
-            EXPECT_EQ(std::memcmp(got.wts.data(), want.wts.data(), want.wts.size() * 4), 0) << "weights" << (graph ? " (graph)" : "");
-            EXPECT_EQ(counter.get()[0], 0) << "the counter is left 0";
-          }
-          if (with_comb) {
-            // (Finished twice above: the Sinkhorn of an already final comb is not the identity, so compare one run.)
-            DBuf<float> dlog(static_cast<size_t>(E)), dwts(static_cast<size_t>(k)), dcomb(cc.logits);
-            DBuf<int32_t> dsel(static_cast<size_t>(k));
-            cu::RouteTail rt;
-            rt.r.logits = dlog.p, rt.r.n = 1, rt.r.E = E, rt.r.k = k, rt.r.bias = dbias.p, rt.r.sel = dsel.p, rt.r.wts = dwts.p;
-            rt.r.comb = cu::DeferredComb{dcomb.p, 1e-6f, 20}, rt.counter = counter.p;
-            cu::LinearArgs a;
-            a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog.p, a.ldy = E, a.route = &rt;
-            cu::linear(W, a, nullptr);
-            EXPECT_EQ(std::memcmp(dcomb.get().data(), cc.final.data(), cc.final.size() * 4), 0) << "the fused launch's comb";
-          }
-        }
-      // Two tokens, or logits elsewhere than the GEMV's output: errors, not a silent second routing.
-      cu::RouteTail rt;
-      DBuf<float> dlog(static_cast<size_t>(2 * E));
-      rt.r.logits = dlog.p, rt.r.n = 1, rt.r.E = E, rt.r.k = k, rt.counter = counter.p;
-      cu::LinearArgs a;
-      a.x = dx.p, a.ldx = d, a.n = 1, a.y = dlog.p + E, a.ldy = E, a.route = &rt;
-      EXPECT_ANY_THROW(cu::linear(W, a, nullptr));
-      cu::free_linear(W);
     }
 }
 

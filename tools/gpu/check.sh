@@ -212,7 +212,7 @@ if [ -n "${SKIP_SANITIZER:-}" ]; then
   note "- sanitizer: skipped (SKIP_SANITIZER)"
 elif command -v compute-sanitizer > /dev/null; then
   step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/test_cuda" \
-    --gtest_filter="${SANITIZER_FILTER:-CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.AttentionDecodeFusedWindowStore:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter:CudaOps.Mxfp4ExpertsGroupedPrefill}"
+    --gtest_filter="${SANITIZER_FILTER:-CudaOps.NormRopeSim8Kv:CudaOps.Compressors:CudaOps.MhcPrePost:CudaOps.AttentionWindowPlusTopk:CudaOps.AttentionDecodeFusedWindowStore:CudaOps.Fp8LinearWqaShape:CudaOps.TopkExactTies:CudaOps.IndexerTopkFused:CudaOps.LinearFormatsAndSplits:CudaOps.RingGemvShapes:CudaOps.Fp8LinearGroupedWoA:CudaOps.Mxfp4ExpertsAndRouter:CudaOps.Mxfp4ExpertsGroupedPrefill}"
 else
   note "- sanitizer: compute-sanitizer not found"
 fi

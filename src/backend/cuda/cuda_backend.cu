@@ -394,8 +394,6 @@ class CudaBackend final : public Backend {
     }
     err_ = static_cast<int*>(heap_.alloc(sizeof(int)));
     DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
-    route_counter_ = static_cast<int*>(heap_.alloc(sizeof(int)));  // 0 between fused router launches
-    DSV4_CU(cudaMemset(route_counter_, 0, sizeof(int)));
     dpos_ = static_cast<int64_t*>(heap_.alloc(kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaMemset(dpos_, 0, kMaxGraphRows * sizeof(int64_t)));
     DSV4_CU(cudaDeviceSynchronize());
@@ -449,6 +447,9 @@ class CudaBackend final : public Backend {
     // The MTP block is layer n_layers (as on the CPU): its sequence state comes with every new_sequence.
     if (w.mtp) layers_.push_back(load_layer(*w.mtp));
     weight_bytes_ = heap_.bytes() - before;
+    // The fused single-token indexer's counters (cuda::indexer_topk_fused), three per layer, zero between launches.
+    idx_counters_ = static_cast<int*>(heap_.alloc(3 * layers_.size() * sizeof(int)));
+    DSV4_CU(cudaMemset(idx_counters_, 0, 3 * layers_.size() * sizeof(int)));
     size_t free_b = 0, total_b = 0;
     DSV4_CU(cudaMemGetInfo(&free_b, &total_b));
     std::fprintf(stderr, "[dsv4] cuda:%d%s: weights %.2f GiB loaded, %.2f GiB of %.2f GiB free for state and workspaces\n",
@@ -731,8 +732,8 @@ class CudaBackend final : public Backend {
     qkv_q_ = n == 1 ? q : nullptr, qkv_kv_ = n == 1 ? kv : nullptr;  // attend(): rows_before_wait
     part.reset();
     part.emplace(this, "attn_qkv/norms", true);
-    // The q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch. Decode (DSV4_NORM_SINKHORN=1,
-    // measurement): its extra block also finishes the attention pre's deferred comb (two kernels back), for the post
+    // The q_lora norm and the KV norm/RoPE/SIM8 are independent: one launch. Decode (unless
+    // DSV4_NORM_SINKHORN=0): its extra block also finishes the attention pre's deferred comb (two kernels back), for the post
     // after wo_b -- a GEMV on every SM -- to read it final.
     cuda::DeferredComb dc;
     if (n == 1 && tp_ == 1 && attn_comb_logits_ && cuda::norm_sinkhorn_enabled()) {
@@ -853,13 +854,23 @@ class CudaBackend final : public Backend {
     // and never read by the top-k).
     const int64_t ld = dyn_ ? S.cap : std::max<int64_t>(1, visible_end);
     float* sc = scratch(13, static_cast<size_t>(n * ld));
-    {
-      OpScope sub(this, "indexer_topk/scores", true);
-      cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_, dpos());
-    }
-    {
-      OpScope sub(this, "indexer_topk/topk", true);
-      cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_, dpos());
+    if (n == 1 && cuda::indexer_fused_enabled() && cuda::indexer_topk_fused_ok(Hi, Di, K)) {
+      // One launch for the scores and the top-k (one kernel boundary fewer on the CSA layer's longest branch).
+      OpScope sub(this, "indexer_topk/scores+topk", true);
+      cuda::IndexerTopkArgs a;
+      a.q = qI, a.wts = wI, a.keys = S.idx, a.heads = Hi, a.Di = Di, a.pos0 = pos0, a.ratio = m, a.n_keys = S.n_idx;
+      a.official = official_, a.scores = sc, a.ld = ld, a.k = K, a.topk = topk, a.dpos = dpos();
+      a.counters = idx_counters_ + 3 * static_cast<size_t>(layer);
+      cuda::indexer_topk_fused(a, s_);
+    } else {
+      {
+        OpScope sub(this, "indexer_topk/scores", true);
+        cuda::indexer_scores(qI, wI, S.idx, n, Hi, Di, pos0, m, S.n_idx, official_, sc, ld, s_, dpos());
+      }
+      {
+        OpScope sub(this, "indexer_topk/topk", true);
+        cuda::topk_rows(sc, n, ld, pos0, m, K, topk, s_, dpos());
+      }
     }
     if (fork) {
       DSV4_CU(cudaEventRecord(idx_done_ev_, s_));
@@ -1429,17 +1440,8 @@ class CudaBackend final : public Backend {
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
     if (comb) r.comb = deferred_comb(comb);
-    if (n == 1 && cuda::router_fused_enabled()) {
-      // One launch: the gate GEMV whose last block routes (LinearArgs::route; DSV4_ROUTER_FUSED=1, measurement).
-      cuda::RouteTail rt;
-      rt.r = r, rt.counter = route_counter_;
-      cuda::LinearArgs la;
-      la.x = x, la.ldx = L.gate.in, la.n = 1, la.y = logits, la.ldy = L.gate.out, la.route = &rt;
-      cuda::linear(L.gate, la, s_);
-    } else {
-      plain(L.gate, x, n, logits);
-      cuda::router(r, s_);
-    }
+    plain(L.gate, x, n, logits);
+    cuda::router(r, s_);
     const bool lowp = lowp_e;
     cuda::ExpertArgs a;
     a.table = L.table, a.fmt = L.efmt, a.d = d, a.I = I, a.sb1 = L.esb1, a.sb2 = L.esb2, a.tiles = L.tiles;
@@ -1986,7 +1988,6 @@ class CudaBackend final : public Backend {
   // joined since the last join, so attend() need not wait for it).
   int64_t attn_fork_gen_ = 0, attn_wait_gen_[3] = {-1, -1, -1};
   bool idx_scores_pending_ = false;  // an indexer_topk of this fork window recorded idx_done_ev_ (batched decode)
-  int* route_counter_ = nullptr;  // the fused router GEMV's block count (cuda::RouteTail)
   // Deferred combs (one token): the comb an attention pre left logits in (until the next attn_qkv), and the comb a
   // launch since then finished (norm_sinkhorn), which the next post then reads as final.
   float* attn_comb_logits_ = nullptr;
@@ -2103,6 +2104,7 @@ class CudaBackend final : public Backend {
   float* norm_ = nullptr;
   DevHc hc_head_;
   std::vector<DevLayer> layers_;
+  int* idx_counters_ = nullptr;  // 3 per layer: cuda::IndexerTopkArgs::counters
   std::vector<std::pair<void*, size_t>> scratch_, iscratch_;
 };
 

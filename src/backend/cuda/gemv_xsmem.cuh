@@ -156,24 +156,13 @@ __device__ __forceinline__ void rows_dot_xs(const uint8_t* const* wp, const void
 
 // Single-token GEMV (n == 1): grid ceil(out / rows per block); 8 warps = ks K-slices x (8/ks) row groups of 2 rows.
 // Grouped mode: the block's rows lie in one group (the launcher checks), whose x slice is staged.
-// ROUTE (gemv_xs_route_kernel, LinearArgs::route): the router's gate; the last block to finish then routes (router()'s
-// function over all blocks' logits) and block `nblocks` (one past the GEMV's) finishes the deferred comb, if any.
-template <int F, bool ROUTE>
-__device__ __forceinline__ void gemv_xs_body(const WRow& W, int64_t out, const LinearArgs& a, int ks, const RouteTail& rt,
-                                             int nblocks) {
+template <int F>
+__global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
   // pdl_wait() inside the staging lambda: the first weight loads (rows_dot_xs issues them before staging) do not
   // depend on the previous kernel and overlap its tail under programmatic dependent launch.
   constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
   extern __shared__ float4 xs_raw[];
   float* xs = reinterpret_cast<float*>(xs_raw);
-  if constexpr (ROUTE) {
-    if (static_cast<int>(blockIdx.x) == nblocks) {
-      // The comb's logits come from the pre this GEMV follows: wait, then the Sinkhorn in place, beside the GEMV.
-      pdl_wait();
-      sinkhorn_comb_in_place(rt.r.comb);
-      return;
-    }
-  }
   __shared__ float red[8][R];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kslice = warp % ks, rg = warp / ks, rgs = 8 / ks;
@@ -199,53 +188,23 @@ __device__ __forceinline__ void gemv_xs_body(const WRow& W, int64_t out, const L
   }, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-  bool store = true;  // (ROUTE: every warp stays for the routing below)
   if (ks > 1) {
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
     __syncthreads();
-    if (kslice != 0) {
-      if constexpr (!ROUTE) return;
-      store = false;
-    } else {
+    if (kslice != 0) return;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float s = red[warp][r];
-        for (int j = 1; j < ks; ++j) s += red[warp + j][r];
-        acc[r] = s;
-      }
+    for (int r = 0; r < R; ++r) {
+      float s = red[warp][r];
+      for (int j = 1; j < ks; ++j) s += red[warp + j][r];
+      acc[r] = s;
     }
   }
-  if (store && lane == 0)
+  if (lane == 0)
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (row0 + r < out) a.y[row0 + r] = a.round_bf16 ? bf16r(acc[r]) : acc[r];
-  if constexpr (ROUTE) {
-    // The last block to finish routes: every block's logits are published (fence) before it counts itself, and the
-    // last one reads them through L2 after its own fence (the threadfence-reduction pattern).
-    __shared__ int last;
-    __shared__ double rred[32];
-    __shared__ int sel[64];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(rt.counter, 1) == nblocks - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    route_load_bias(rt.r, xs);  // the staged row is no longer read: it holds the router's s, biased, bias
-    route_token(rt.r, 0, xs, rred, sel);
-    if (threadIdx.x == 0) *rt.counter = 0;  // for the next launch, which the stream orders after this one
-  }
-}
-template <int F>
-__global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
-  gemv_xs_body<F, false>(W, out, a, ks, RouteTail{}, 0);
-}
-template <int F>
-__global__ void __launch_bounds__(256, 2) gemv_xs_route_kernel(WRow W, int64_t out, LinearArgs a, int ks, RouteTail rt,
-                                                               int nblocks) {
-  gemv_xs_body<F, true>(W, out, a, ks, rt, nblocks);
 }
 
 // Routed experts v3. gate/up: grid (ceil(I / 16), n * k); warp w of a block takes intermediate rows r = 16 * bx + 2w

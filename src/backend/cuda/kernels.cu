@@ -52,11 +52,6 @@ bool switch_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
 }
-// A measurement switch read from the environment once: off unless set to "1".
-bool switch_opt_in(const char* name) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == "1";
-}
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
@@ -966,24 +961,22 @@ __host__ __device__ constexpr int64_t idx_smem_floats(int keys, int heads, int64
   return heads * Di + keys * (Di + 4) + heads;
 }
 
-template <int KEYS>
-__global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
-                                                         int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
-                                                         bool official, float* scores, int64_t ld, const int64_t* dpos) {
-  constexpr int kGroups = 256 / KEYS, kGroupHeads = (kIdxMaxHeads + kGroups - 1) / kGroups;
-  if (dpos) {  // graph mode: the chunk (gridDim.y tokens) has made (pos0 + n) / ratio entries exist
-    pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
-    n_keys = (pos0 + gridDim.y) / ratio;
-  }
-  pdl_wait();
-  extern __shared__ __align__(16) float4 ism[];  // see idx_smem_floats
+// indexer_scores_v2's function for the KEYS keys of tile `tile` and query t by a block of THREADS threads (after the
+// wait), of which the first ACTIVE compute (all of them stage). The head association is the same for every (KEYS,
+// ACTIVE) (16 partials of 4 heads, see kIdxParts): the same bits. ism: idx_smem_floats(KEYS, heads, Di) floats of
+// dynamic shared memory.
+template <int KEYS, int THREADS, int ACTIVE = THREADS>
+__device__ __forceinline__ void indexer_scores_tile(const float* q, const float* wts, const float* keys, int heads,
+                                                    int64_t Di, int64_t pos0, int ratio, int64_t n_keys, bool official,
+                                                    float* scores, int64_t ld, int t, int64_t tile, float4* ism) {
+  static_assert(ACTIVE <= THREADS && ACTIVE % KEYS == 0, "whole key groups compute");
+  constexpr int kGroups = ACTIVE / KEYS, kGroupHeads = (kIdxMaxHeads + kGroups - 1) / kGroups;
   constexpr int kPer = (kGroupHeads + 3) / 4;  // partials per thread
   static_assert(kGroups * kPer == kIdxParts, "16 partials of 4 heads");
   __shared__ double part[kIdxParts][KEYS];
-  const int t = blockIdx.y;
   const int Di4 = static_cast<int>(Di / 4), ld4 = Di4 + 1, nq4 = heads * Di4;
   const int64_t visible = (pos0 + t + 1) / ratio;
-  const int64_t key0 = static_cast<int64_t>(blockIdx.x) * KEYS;
+  const int64_t key0 = tile * KEYS;
   const int64_t key_end = min(min(ld, visible), n_keys);  // rows past it may not exist: never read
   float4* q4 = ism;
   float4* k4 = ism + nq4;
@@ -993,19 +986,21 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     const float4* qg = reinterpret_cast<const float4*>(q) + static_cast<int64_t>(t) * nq4;
     const float4* kg = reinterpret_cast<const float4*>(keys);
     const int total = nq4 + KEYS * Di4;
-    for (int b = threadIdx.x; b < total; b += kIdxStage * 256) {
-      float4 v[kIdxStage];
+    // (Loads in flight per thread: 12 at 256 threads; 4 at 1024, whose 64-register budget they would otherwise spill.)
+    constexpr int kStage = THREADS >= 1024 ? 4 : kIdxStage;
+    for (int b = threadIdx.x; b < total; b += kStage * THREADS) {
+      float4 v[kStage];
 #pragma unroll
-      for (int u = 0; u < kIdxStage; ++u) {
-        const int i = b + u * 256;
+      for (int u = 0; u < kStage; ++u) {
+        const int i = b + u * THREADS;
         const int r = (i - nq4) / Di4;
         v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < nq4) v[u] = qg[i];
         else if (i < total && key0 + r < key_end) v[u] = __ldg(kg + (key0 + r) * Di4 + (i - nq4 - r * Di4));
       }
 #pragma unroll
-      for (int u = 0; u < kIdxStage; ++u) {
-        const int i = b + u * 256;
+      for (int u = 0; u < kStage; ++u) {
+        const int i = b + u * THREADS;
         const int r = (i - nq4) / Di4;
         if (i < nq4) q4[i] = v[u];
         else if (i < total) k4[r * ld4 + (i - nq4 - r * Di4)] = v[u];
@@ -1021,7 +1016,8 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
   double s[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) s[u] = 0.0;
-  if (live && hn > 0) {
+  const bool computes = ACTIVE == THREADS || static_cast<int>(threadIdx.x) < ACTIVE;
+  if (computes && live && hn > 0) {
     float acc[kGroupHeads];
 #pragma unroll
     for (int h = 0; h < kGroupHeads; ++h) acc[h] = 0.0f;
@@ -1041,8 +1037,9 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     for (int h = 0; h < kGroupHeads; ++h)
       if (h < hn && acc[h] > 0) s[h / 4] += static_cast<double>(acc[h]) * qscale * (ws[h0 + h] * wscale);
   }
+  if (computes)
 #pragma unroll
-  for (int u = 0; u < kPer; ++u) part[grp * kPer + u][kl] = s[u];
+    for (int u = 0; u < kPer; ++u) part[grp * kPer + u][kl] = s[u];
   __syncthreads();
   if (threadIdx.x < KEYS && key < ld) {
     float sf = -INFINITY;
@@ -1055,6 +1052,20 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
     }
     scores[t * ld + key] = sf;
   }
+}
+
+template <int KEYS>
+__global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const float* wts, const float* keys, int heads,
+                                                         int64_t Di, int64_t pos0, int ratio, int64_t n_keys,
+                                                         bool official, float* scores, int64_t ld, const int64_t* dpos) {
+  if (dpos) {  // graph mode: the chunk (gridDim.y tokens) has made (pos0 + n) / ratio entries exist
+    pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
+    n_keys = (pos0 + gridDim.y) / ratio;
+  }
+  pdl_wait();
+  extern __shared__ __align__(16) float4 ism[];  // see idx_smem_floats
+  indexer_scores_tile<KEYS, 256>(q, wts, keys, heads, Di, pos0, ratio, n_keys, official, scores, ld,
+                                 static_cast<int>(blockIdx.y), static_cast<int64_t>(blockIdx.x), ism);
 }
 
 // Exact top-k per row by radix select (GPU_KERNELS.md §6.5): scores map to order-preserving unsigned keys (-0 as +0,
@@ -1079,34 +1090,33 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
-                                                                 int k, int P, int cache, int32_t* topk,
-                                                                 const int64_t* dpos) {
-  if (dpos) pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
-  pdl_wait();
-  extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
+// topk_radix_kernel's function for row t by a block of kTopkThreads threads (after the wait), the block being part
+// `part` of `parts` that share the row's ordering step. tk_sm: P * 8 + cache * 4 bytes of dynamic shared memory. The
+// scores are read through L2 (__ldcg): in the fused indexer kernel, other blocks of the same grid wrote them.
+__device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, int64_t pos0, int ratio, int k, int P,
+                                               int cache, int32_t* topk, int t, int part_id, int parts,
+                                               unsigned long long* tk_sm) {
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
   // Two histograms: a pass clears the next pass's while it fills its own, so clearing needs no barrier of its own.
   __shared__ __align__(8) int hist[2][kTopkBins];
   __shared__ int wsum[32], wgt[32], weq[32];
   __shared__ int s_digit, s_above, s_count;
-  const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   int64_t V = (pos0 + t + 1) / ratio;
   if (V > ld) V = ld;
   const float* s = scores + t * ld;
   int32_t* out = topk + static_cast<int64_t>(t) * k;
   const int kk = static_cast<int>(V < k ? V : k);
-  if (blockIdx.y == 0)
+  if (part_id == 0)
     for (int j = kk + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
   if (kk == 0) return;
   const bool cached = V <= cache;
   if (cached)
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) row[i] = order_key(s[i]);
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) row[i] = order_key(__ldcg(s + i));
   for (int j = threadIdx.x; j < kTopkBins; j += blockDim.x) hist[0][j] = 0;
   __syncthreads();
-  auto key_at = [&](int64_t i) -> uint32_t { return cached ? row[i] : order_key(s[i]); };
+  auto key_at = [&](int64_t i) -> uint32_t { return cached ? row[i] : order_key(__ldcg(s + i)); };
 
   // Entries with (key & mask) > prefix are taken; of those with (key & mask) == prefix, the `want` lowest-index ones.
   // V <= k: mask 0 takes all.
@@ -1183,8 +1193,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
   // block-wide barriers. This block places candidates [j0, j1) of its row.
   // `per` adjacent lanes (a power of two <= 32) share a candidate, each counting a slice of the list; their counts
   // meet through shuffles. Every lane runs every round (the shuffles need the whole warp).
-  const int share = (kk + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
-  const int j0 = static_cast<int>(blockIdx.y) * share, j1 = min(kk, j0 + share);
+  const int share = (kk + parts - 1) / parts;
+  const int j0 = part_id * share, j1 = min(kk, j0 + share);
   int per = 1;
   while (per < 32 && per * 2 * share <= static_cast<int>(blockDim.x)) per *= 2;
   const int part = static_cast<int>(threadIdx.x) % per, groups = static_cast<int>(blockDim.x) / per;
@@ -1195,6 +1205,68 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
     for (int i = part; i < kk; i += per) rank += cand[i] > c;  // interleaved: the group's lanes read adjacent entries
     for (int o = 1; o < per; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
     if (j < j1 && part == 0) out[rank] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(c & 0xFFFFFFFFull));
+  }
+}
+
+__global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
+                                                                 int k, int P, int cache, int32_t* topk,
+                                                                 const int64_t* dpos) {
+  if (dpos) pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
+  pdl_wait();
+  extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
+  topk_radix_row(scores, ld, pos0, ratio, k, P, cache, topk, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                 static_cast<int>(gridDim.y), tk_sm);
+}
+
+// The single-token indexer in one launch (indexer_topk_fused): the scores of indexer_scores_v2<16> (tiles of 16 keys,
+// computed by the first 256 threads of a 1024-thread block: the same code, the same bits; all 1024 stage), then the
+// top-k of topk_radix_kernel by kTopkSplit more blocks of the same grid. (Tiles of 64 keys computed by all 1024
+// threads -- a quarter of the blocks -- measured slower: four times the shared-memory traffic per SM.) Roles go by arrival (a ticket taken after the wait), not by block index: the top-k blocks
+// are the last kTopkSplit to arrive, so every scoring block is already resident when they wait for the scores (no
+// deadlock, whatever the scheduler leaves out). The scoring blocks publish (fence) and count themselves; the top-k
+// blocks wait for the count, and the last of them to finish zeroes the three counters for the next launch, which the
+// stream orders after this one (its tickets are taken after its own wait).
+constexpr int kIdxFusedKeys = 16, kIdxFusedActive = 256;
+__global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(IndexerTopkArgs a, int nscore, int P,
+                                                                         int cache) {
+  int64_t pos0 = a.pos0, n_keys = a.n_keys;
+  if (a.dpos) {  // graph mode, as indexer_scores_v2 (one token)
+    pos0 = *a.dpos;  // before the wait: a step constant (see pdl_wait)
+    n_keys = (pos0 + 1) / a.ratio;
+  }
+  pdl_wait();
+  extern __shared__ __align__(16) float4 fsm[];  // the scores' staging, later the top-k's candidates and row
+  __shared__ int s_ticket;
+  int* const ticket_ctr = a.counters;
+  int* const scored_ctr = a.counters + 1;
+  int* const done_ctr = a.counters + 2;
+  if (threadIdx.x == 0) s_ticket = atomicAdd(ticket_ctr, 1);
+  __syncthreads();
+  const int ticket = s_ticket;
+  if (ticket < nscore) {
+    const int64_t visible = (pos0 + 1) / a.ratio;
+    const int64_t key_end = min(min(a.ld, visible), n_keys);
+    if (static_cast<int64_t>(ticket) * kIdxFusedKeys < key_end)  // tiles past the visible keys: nothing the top-k reads
+      indexer_scores_tile<kIdxFusedKeys, kTopkThreads, kIdxFusedActive>(
+          a.q, a.wts, a.keys, a.heads, a.Di, pos0, a.ratio, n_keys, a.official, a.scores, a.ld, 0, ticket, fsm);
+    __threadfence();  // each writer's scores visible device-wide before the block counts itself
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(scored_ctr, 1);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    while (atomicAdd(scored_ctr, 0) < nscore) __nanosleep(32);
+    __threadfence();
+  }
+  __syncthreads();
+  topk_radix_row(a.scores, a.ld, pos0, a.ratio, a.k, P, cache, a.topk, 0, ticket - nscore, kTopkSplit,
+                 reinterpret_cast<unsigned long long*>(fsm));
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(done_ctr, 1) == kTopkSplit - 1) {
+    // Every block has taken its ticket (the top-k blocks were the last) and every top-k block is done.
+    atomicExch(ticket_ctr, 0);
+    atomicExch(scored_ctr, 0);
+    atomicExch(done_ctr, 0);
   }
 }
 
@@ -1617,7 +1689,7 @@ __global__ void window_store_kernel(const float* kv, int first, int n, int64_t p
 
 // ---------------------------------------------------------------------------------------------------------------
 // router()'s function for token t by one 256-thread block: route_load_bias first (a constant: before any wait), then
-// route_token over the logits (read through L2: the fused GEMV's other blocks wrote them). sm: 3 E floats (s, biased,
+// route_token over the logits (read through L2: __ldcg). sm: 3 E floats (s, biased,
 // bias), red: 32 doubles, sel: 64 ints of shared memory.
 __device__ __forceinline__ void route_load_bias(const RouterArgs& a, float* sm) {
   if (a.bias)
@@ -2343,46 +2415,10 @@ bool gemv_xs_tiles_taken(const DevLinear& W, const LinearArgs& a, int ks) {
   const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
   return a.n == 1 && use_xs(W.in) && a.group_rows == 0 && ks == 1 && (W.out + kGemvR - 1) / kGemvR >= 4 * 8 * persistent_blocks;
 }
-// LinearArgs::route: gemv()'s single-token staged GEMV (gemv_xs_kernel) with the routing fused, on exactly the shapes
-// for which gemv() takes that kernel (so the logits are its bits); an error elsewhere.
-void gemv_routed(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
-  const RouteTail& rt = *a.route;
-  const RouterArgs& r = rt.r;
-  LinearArgs p = a;
-  p.route = nullptr;
-  const int f = fmt_of(W.fmt);
-  const bool staged = a.n == 1 && gemv_vector_ok(f, W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) &&
-                      !gemv_tc_grouped_eligible(W, p) && !gemv_tc_eligible(W, p) && !gemv_ring_eligible(W, p) &&
-                      a.group_rows == 0 && use_xs(W.in) && !gemv_xs_tiles_taken(W, p, gemv_kslices(W, 1, f));
-  if (!staged) fail("linear: the fused routing takes the single-token staged GEMV (", W.out, "x", W.in, ", n ", a.n, ")");
-  if (r.n != 1 || r.E != W.out || r.logits != a.y || r.k < 1 || r.k > 64 || !rt.counter || 3 * static_cast<int64_t>(r.E) > W.in)
-    fail("linear: the fused routing needs one token whose logits are this GEMV's output, k <= 64, a counter and 3 E <= K");
-  if (r.comb.comb && r.n != 1) fail("router: the deferred comb's Sinkhorn takes one token");
-  const int ks = gemv_kslices(W, 1, f);
-  const int nblocks = static_cast<int>(blocks_for(W.out, static_cast<int>((8 / ks) * kGemvR)));
-  const unsigned grid = static_cast<unsigned>(nblocks + (r.comb.comb ? 1 : 0));
-  const size_t sm = static_cast<size_t>(W.in) * 4;
-  const WRow wr = wrow(W);
-  switch (f) {
-    case kF32: allow_smem(gemv_xs_route_kernel<kF32>, sm), launch(gemv_xs_route_kernel<kF32>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
-    case kBF16: allow_smem(gemv_xs_route_kernel<kBF16>, sm), launch(gemv_xs_route_kernel<kBF16>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
-    case kF16: allow_smem(gemv_xs_route_kernel<kF16>, sm), launch(gemv_xs_route_kernel<kF16>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
-    case kFP8: allow_smem(gemv_xs_route_kernel<kFP8>, sm), launch(gemv_xs_route_kernel<kFP8>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
-    case kFP4: allow_smem(gemv_xs_route_kernel<kFP4>, sm), launch(gemv_xs_route_kernel<kFP4>, grid, 256, sm, s, wr, W.out, p, ks, rt, nblocks); break;
-  }
-  DSV4_LAUNCHED();
-}
-std::atomic<bool> g_router_fused_on{switch_opt_in("DSV4_ROUTER_FUSED")};
 }  // namespace
-void set_router_fused(bool on) { g_router_fused_on.store(on, std::memory_order_relaxed); }
-bool router_fused_enabled() { return g_router_fused_on.load(std::memory_order_relaxed); }
 
 void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (a.n <= 0) return;
-  if (a.route) {
-    gemv_routed(W, a, s);
-    return;
-  }
   if (a.qa8_x && !gemv_stages_x(W, a)) fail("linear: qa8_x on a path that does not stage x (", W.out, "x", W.in, ", n ", a.n, ")");
   const WRow r = wrow(W);
   const int f = fmt_of(W.fmt);
@@ -2870,6 +2906,38 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   DSV4_LAUNCHED();
 }
 
+namespace {
+std::atomic<bool> g_indexer_fused_on{switch_on("DSV4_INDEXER_FUSED")};
+}  // namespace
+void set_indexer_fused(bool on) { g_indexer_fused_on.store(on, std::memory_order_relaxed); }
+bool indexer_fused_enabled() { return g_indexer_fused_on.load(std::memory_order_relaxed); }
+bool indexer_topk_fused_ok(int heads, int64_t Di, int k) {
+  return heads == kIdxMaxHeads && Di % 4 == 0 && idx_smem_floats(kIdxFusedKeys, heads, Di) * 4 <= 160 * 1024 &&
+         k >= 1 && k <= kTopkMaxK;
+}
+void indexer_topk_fused(const IndexerTopkArgs& a, cudaStream_t s) {
+  if (a.ld <= 0) fail("indexer: the fused top-k needs a score row (ld ", a.ld, ")");
+  if (!indexer_topk_fused_ok(a.heads, a.Di, a.k))
+    fail("indexer: the fused top-k takes ", kIdxMaxHeads, " heads, a head dim that is a multiple of 4 and k <= ",
+         kTopkMaxK, " (heads ", a.heads, ", dim ", a.Di, ", k ", a.k, ")");
+  if (!aligned16(a.q) || !aligned16(a.keys)) fail("indexer: queries and keys must be 16-byte aligned");
+  if (!a.counters) fail("indexer: the fused top-k needs its three device counters");
+  int P = 1;
+  while (P < a.k) P <<= 1;
+  const int64_t nscore64 = (a.ld + kIdxFusedKeys - 1) / kIdxFusedKeys;
+  if (nscore64 + kTopkSplit > (int64_t{1} << 30)) fail("indexer: score row too long (", a.ld, ")");
+  const int nscore = static_cast<int>(nscore64);
+  const size_t score_sm = static_cast<size_t>(idx_smem_floats(kIdxFusedKeys, a.heads, a.Di)) * 4;
+  // The top-k's cache as topk_rows sizes it, within the same dynamic allocation as the scores' staging.
+  const int64_t cache_cap = (160 * 1024 - static_cast<int64_t>(P) * 8) / 4;
+  const int cache = static_cast<int>(std::min<int64_t>(a.ld, cache_cap));
+  const size_t topk_sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
+  const size_t sm = std::max(score_sm, topk_sm);
+  set_smem(reinterpret_cast<const void*>(indexer_topk_fused_kernel), sm);
+  launch(indexer_topk_fused_kernel, static_cast<unsigned>(nscore + kTopkSplit), kTopkThreads, sm, s, a, nscore, P, cache);
+  DSV4_LAUNCHED();
+}
+
 // The single-token attention's cluster size (attend_cluster.cuh; 0: the three split-KV launches). Automatic (the
 // default; DSV4_ATTEND_CLUSTER unset or auto): 16-block clusters (a non-portable size; where the device co-schedules
 // four of the largest configuration) for layers of >= 4 head groups (64 heads: Flash on one GPU), else the split
@@ -3131,7 +3199,7 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
 
 namespace {
 std::atomic<bool> g_router_sinkhorn_on{switch_on("DSV4_ROUTER_SINKHORN")};
-std::atomic<bool> g_norm_sinkhorn_on{switch_opt_in("DSV4_NORM_SINKHORN")};
+std::atomic<bool> g_norm_sinkhorn_on{switch_on("DSV4_NORM_SINKHORN")};
 }  // namespace
 void set_norm_sinkhorn(bool on) { g_norm_sinkhorn_on.store(on, std::memory_order_relaxed); }
 bool norm_sinkhorn_enabled() { return g_norm_sinkhorn_on.load(std::memory_order_relaxed); }

@@ -47,7 +47,6 @@ void free_linear(DevLinear& l);
 // y[t, r] (+ row stride ldy) = x[t, :] . W[r, :] for t < n.
 // Grouped mode (group_rows > 0): row r reads x + (r / group_rows) * group_x_off (the grouped wo_a).
 // round_bf16: BF16 RNE of every output (official numerics' linear outputs).
-struct RouteTail;
 struct LinearArgs {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -64,9 +63,6 @@ struct LinearArgs {
   // gemv_stages_x() holds (single-token GEMVs, and the tensor-core GEMV of up to 15 tokens), the same QA8 values as
   // qa8_rows + GEMV.
   bool qa8_x = false;
-  // The router's gate GEMV of one token with the routing fused (RouteTail, below; CudaBackend under
-  // DSV4_ROUTER_FUSED=1): only on the single-token staged GEMV (gemv_xs_kernel's shapes), else an error.
-  const RouteTail* route = nullptr;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
 // exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
@@ -298,6 +294,28 @@ void set_indexer_wg(bool on);
 bool indexer_uses_wg(int n, int heads, int64_t Di, bool official, const int64_t* dpos);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
                cudaStream_t s, const int64_t* dpos = nullptr);
+// One token's indexer_scores then topk_rows as ONE launch (decode; 64 heads): the same scores for the visible keys
+// (entries past them are not written) and the same top-k, bit for bit. counters: 3 device ints, zero before the first
+// launch (each launch leaves them zero); launches that share them must be ordered (one stream). DSV4_INDEXER_FUSED=0
+// / set_indexer_fused(false): CudaBackend's decode steps launch the two kernels (A/B).
+struct IndexerTopkArgs {
+  const float *q = nullptr, *wts = nullptr, *keys = nullptr;
+  int heads = 0;
+  int64_t Di = 0, pos0 = 0;
+  int ratio = 0;
+  int64_t n_keys = 0;
+  bool official = false;
+  float* scores = nullptr;  // [ld] scratch
+  int64_t ld = 0;
+  int k = 0;
+  int32_t* topk = nullptr;  // [k]
+  const int64_t* dpos = nullptr;
+  int* counters = nullptr;
+};
+bool indexer_topk_fused_ok(int heads, int64_t Di, int k);
+void indexer_topk_fused(const IndexerTopkArgs& a, cudaStream_t s);
+void set_indexer_fused(bool on);
+bool indexer_fused_enabled();
 
 // Sparse attention with sink. Rows per query t = pos0 + i: window positions max(0, t-W+1)..t (this chunk's kv for
 // positions >= pos0, else ring[p % W]), then compressed rows: kind 1 (CSA) topk[i, :] (skipping -1), kind 2 (HCA)
@@ -402,22 +420,11 @@ struct RouterArgs {
   DeferredComb comb;
 };
 void router(const RouterArgs& a, cudaStream_t s);
-// LinearArgs::route: the gate GEMV's launch also runs router(r) -- its last block to finish routes over the logits
-// all blocks wrote (r.logits == the GEMV's y, one token), and r.comb, if any, gets an extra block (which waits: the
-// pre that left the logits is the GEMV's predecessor). One kernel boundary fewer per layer; the same bits as the GEMV
-// then router(). counter: a device int that is 0 before the launch (the last block leaves it 0 again).
-struct RouteTail {
-  RouterArgs r;
-  int* counter = nullptr;
-};
-// DSV4_ROUTER_FUSED=1 / set_router_fused(true): CudaBackend's decode steps take it (default off: measurement).
-void set_router_fused(bool on);
-bool router_fused_enabled();
 // The router's comb Sinkhorn in decode steps (CudaBackend; DSV4_ROUTER_SINKHORN=0 / false: the post runs it, A/B).
 void set_router_sinkhorn(bool on);
 bool router_sinkhorn_enabled();
 // The attention pre's comb Sinkhorn in attn_qkv's norm_rope2 launch in decode steps (CudaBackend;
-// DSV4_NORM_SINKHORN=1 / true; default off: measurement).
+// DSV4_NORM_SINKHORN=0 / false: the post after wo_b runs it, A/B). -4.6 us per layer (session 28: 159.5 vs 164.1).
 void set_norm_sinkhorn(bool on);
 bool norm_sinkhorn_enabled();
 // The decode fusions' switches (CudaBackend's choice per call; tests flip them at run time): the window store inside

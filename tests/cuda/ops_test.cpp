@@ -2006,7 +2006,7 @@ TEST(CudaOps, IndexerScoresAndTopk) {
 // The single-token indexer as one launch (indexer_topk_fused) against indexer_scores + topk_rows: the same score bits
 // for every visible key and the same top-k, at Flash's 64 x 128 over 2048 keys (8K context) and over 4096 keys of a
 // longer score row (a graph step's whole capacity), a row shorter than k (-1 padding), a row longer than the top-k's
-// shared-memory cache (the uncached path, ~1,100 scoring blocks), both numerics. A quarter of the key rows repeat
+// shared-memory cache (the uncached path, ~4,400 scoring blocks), both numerics. A quarter of the key rows repeat
 // others, so equal scores straddle the k-th place (the tie rule). Each case runs three times eagerly and three
 // times as a replayed graph with the position read from the device (the counters must come back to zero each
 // time), after a kernel that writes the queries (a PDL predecessor).

@@ -625,7 +625,7 @@ class CudaBackend final : public Backend {
       return;
     }
     capturing_ = false;
-    if (!completed) join_attn_side(true);  // an op threw mid-layer: every forked stream joined before the capture ends
+    if (!completed) pending_q_.reset(), join_attn_side(true);  // an op threw mid-layer: every forked stream joined before the capture ends
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(s_, &graph);
     if (!completed) {
@@ -698,8 +698,9 @@ class CudaBackend final : public Backend {
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     OpScope prof(this, "attn_qkv");
-    // A fork left open by a sub-layer that threw before its attend: joined first, so that this op's work (and the next
-    // compressor / indexer ops) are ordered after it. A no-op otherwise.
+    // A fork left open by a sub-layer that threw before its attend: its deferred query work issued and the fork joined
+    // first, so that this op's work (and the next compressor / indexer ops) are ordered after it. A no-op otherwise.
+    flush_pending_q();
     join_attn_side();
     stored_rows_.clear(), deroped_.clear();
     const DevLayer& L = lay(layer);
@@ -758,6 +759,10 @@ class CudaBackend final : public Backend {
     // pass of its own over the n x 32768 output. Decode keeps it in the GEMV's epilogue (free there).
     const bool defer_round = official_ && n > 1;
     b.round_x = defer_round;
+    if (n == 1 && attn_side_open_ && !batch_step_ && cuda::fork_defer_q_enabled()) {
+      pending_q_ = PendingQ{&L.wq_b, qr, q, b};  // attend() issues them (DSV4_FORK_DEFER_Q=1, measurement)
+      return;
+    }
     part.emplace(this, "attn_qkv/wq_b", true);
     lin(L.wq_b, qr, n, q, !defer_round);
     part.reset();
@@ -881,6 +886,7 @@ class CudaBackend final : public Backend {
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
     // The compressor / indexer ops since attn_qkv ran on the side branches joined here (not on s_ right before).
+    flush_pending_q();
     join_attn_side();
     OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
@@ -2012,6 +2018,25 @@ class CudaBackend final : public Backend {
     }
   };
   // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
+  // attn_qkv's deferred wq_b GEMV and query RoPE (cuda::fork_defer_q_enabled), on the main stream.
+  struct PendingQ {
+    const DevLinear* wq_b = nullptr;
+    const float* qr = nullptr;
+    float* q = nullptr;
+    cuda::NormRopeArgs rope;
+  };
+  std::optional<PendingQ> pending_q_;
+  void flush_pending_q() {
+    if (!pending_q_) return;
+    const PendingQ p = *pending_q_;
+    pending_q_.reset();
+    {
+      OpScope part(this, "attn_qkv/wq_b", true);
+      lin(*p.wq_b, p.qr, 1, p.q, true);
+    }
+    OpScope part(this, "attn_qkv/q_rope", true);
+    cuda::norm_rope(p.rope, s_);
+  }
   void join_attn_side(bool nothrow = false) {
     if (!attn_side_open_) return;
     attn_side_open_ = false;

@@ -3269,10 +3269,16 @@ std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
 std::atomic<int> g_attn_fork_on{-1};
 std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
+std::atomic<bool> g_fork_defer_q_on{[] {
+  const char* e = std::getenv("DSV4_FORK_DEFER_Q");
+  return e && std::string(e) == "1";
+}()};
 std::atomic<bool> g_hc_defer_sinkhorn_on{switch_on("DSV4_HC_DEFER_SINKHORN")};
 }  // namespace
 void set_hc_defer_sinkhorn(bool on) { g_hc_defer_sinkhorn_on.store(on, std::memory_order_relaxed); }
 bool hc_defer_sinkhorn_enabled() { return g_hc_defer_sinkhorn_on.load(std::memory_order_relaxed); }
+void set_fork_defer_q(bool on) { g_fork_defer_q_on.store(on, std::memory_order_relaxed); }
+bool fork_defer_q_enabled() { return g_fork_defer_q_on.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
 void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }

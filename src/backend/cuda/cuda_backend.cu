@@ -759,8 +759,8 @@ class CudaBackend final : public Backend {
     // pass of its own over the n x 32768 output. Decode keeps it in the GEMV's epilogue (free there).
     const bool defer_round = official_ && n > 1;
     b.round_x = defer_round;
-    if (n == 1 && attn_side_open_ && !batch_step_ && cuda::fork_defer_q_enabled()) {
-      pending_q_ = PendingQ{&L.wq_b, qr, q, b};  // attend() issues them (DSV4_FORK_DEFER_Q=1, measurement)
+    if (n == 1 && attn_side_open_ && !batch_step_ && cuda::fork_defer_q_mode() > 0) {
+      pending_q_ = PendingQ{&L.wq_b, qr, q, b};  // attend() issues them (DSV4_FORK_DEFER_Q, measurement)
       return;
     }
     part.emplace(this, "attn_qkv/wq_b", true);
@@ -2018,7 +2018,7 @@ class CudaBackend final : public Backend {
     }
   };
   // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
-  // attn_qkv's deferred wq_b GEMV and query RoPE (cuda::fork_defer_q_enabled), on the main stream.
+  // attn_qkv's deferred wq_b GEMV and query RoPE (cuda::fork_defer_q_mode), on the main stream.
   struct PendingQ {
     const DevLinear* wq_b = nullptr;
     const float* qr = nullptr;
@@ -2032,6 +2032,8 @@ class CudaBackend final : public Backend {
     pending_q_.reset();
     {
       OpScope part(this, "attn_qkv/wq_b", true);
+      std::optional<cuda::NoPdlScope> no_pdl;  // mode 2: wq_b ready only when norm_rope2 completes, as the branches
+      if (cuda::fork_defer_q_mode() == 2) no_pdl.emplace();
       lin(*p.wq_b, p.qr, 1, p.q, true);
     }
     OpScope part(this, "attn_qkv/q_rope", true);

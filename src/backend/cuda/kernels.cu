@@ -53,6 +53,11 @@ bool switch_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
 }
+// A measurement switch read from the environment once: off unless set to "1".
+bool switch_opt_in(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "1";
+}
 thread_local int t_no_pdl = 0;  // NoPdlScope depth on this thread
 bool pdl_enabled() {
   static const bool env_on = [] {
@@ -2930,10 +2935,7 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
 }
 
 namespace {
-std::atomic<bool> g_topk_bisect_on{[] {
-  const char* e = std::getenv("DSV4_TOPK_BISECT");
-  return e && std::string(e) == "1";
-}()};
+std::atomic<bool> g_topk_bisect_on{switch_opt_in("DSV4_TOPK_BISECT")};
 }  // namespace
 void set_topk_bisect(bool on) { g_topk_bisect_on.store(on, std::memory_order_relaxed); }
 bool topk_bisect_enabled() { return g_topk_bisect_on.load(std::memory_order_relaxed); }

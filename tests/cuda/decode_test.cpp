@@ -432,6 +432,16 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " posts' own Sinkhorn: rel L2 "
             << rel_l2(got, want);
+        // wq_b and the indexer's wq_b as one GEMV (DSV4_WQB_STACK; default off).
+        cuda::set_wqb_stack(true);
+        {
+          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+          got = decode_logits(m, ids, 9);
+        }
+        cuda::set_wqb_stack(false);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " stacked wq_b: rel L2 "
+            << rel_l2(got, want);
         // wq_b and the query RoPE issued by attend(), after the branches (DSV4_FORK_DEFER_Q 1, and 2: without PDL).
         for (int mode : {1, 2}) {
           cuda::set_fork_defer_q(mode);

@@ -143,6 +143,7 @@ struct DevLayer {
   float *attn_norm = nullptr, *ffn_norm = nullptr, *sink = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
   DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
   DevLinear wq_a_wkv;  // wq_a and wkv back to back (single-token steps), or empty
+  DevLinear wq_b_idx;  // wq_b and the indexer's wq_b back to back (CSA; single-token steps under DSV4_WQB_STACK=1)
   bool has_comp = false, has_idx = false;
   DevComp comp, icomp;
   DevLinear idx_wq_b, idx_wproj;
@@ -388,6 +389,7 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaEventCreateWithFlags(&attn_fork_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&idx_q_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&idx_done_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&wqb_ev_, cudaEventDisableTiming));
     for (int i = 0; i < 3; ++i) {
       DSV4_CU(cudaStreamCreateWithFlags(&attn_side_[i], cudaStreamNonBlocking));
       DSV4_CU(cudaEventCreateWithFlags(&attn_join_ev_[i], cudaEventDisableTiming));
@@ -407,6 +409,7 @@ class CudaBackend final : public Backend {
     if (attn_fork_ev_) cudaEventDestroy(attn_fork_ev_);
     if (idx_q_ev_) cudaEventDestroy(idx_q_ev_);
     if (idx_done_ev_) cudaEventDestroy(idx_done_ev_);
+    if (wqb_ev_) cudaEventDestroy(wqb_ev_);
     for (int i = 0; i < 3; ++i) {
       if (attn_join_ev_[i]) cudaEventDestroy(attn_join_ev_[i]);
       if (attn_side_[i]) cudaStreamDestroy(attn_side_[i]);
@@ -703,6 +706,7 @@ class CudaBackend final : public Backend {
     flush_pending_q();
     join_attn_side();
     stored_rows_.clear(), deroped_.clear();
+    stacked_qi_ = nullptr, stacked_layer_ = -1;
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, ql = c_.q_lora_rank;
     const int H = heads();  // this rank's query heads (all of them without TP)
@@ -759,6 +763,22 @@ class CudaBackend final : public Backend {
     // pass of its own over the n x 32768 output. Decode keeps it in the GEMV's epilogue (free there).
     const bool defer_round = official_ && n > 1;
     b.round_x = defer_round;
+    if (n == 1 && attn_side_open_ && tp_ == 1 && !batch_step_ && !in_row_loop_ && L.wq_b_idx.w &&
+        cuda::wqb_stack_enabled()) {
+      // One GEMV for wq_b and the indexer's wq_b (DSV4_WQB_STACK=1, measurement): both are persistent tensor-core
+      // GEMVs over every SM, which cannot overlap anyway. The query RoPE reads the stacked output; indexer_topk takes
+      // its queries from the rest, on its branch after wqb_ev_.
+      float* qq = scratch(50, static_cast<size_t>(L.wq_b_idx.out));
+      part.emplace(this, "attn_qkv/wq_b", true);
+      lin(L.wq_b_idx, qr, 1, qq, true);
+      DSV4_CU(cudaEventRecord(wqb_ev_, s_));
+      stacked_qi_ = qq + L.wq_b.out, stacked_layer_ = layer;
+      part.reset();
+      part.emplace(this, "attn_qkv/q_rope", true);
+      b.x = qq;
+      cuda::norm_rope(b, s_);
+      return;
+    }
     if (n == 1 && attn_side_open_ && !batch_step_ && cuda::fork_defer_q_mode() > 0) {
       pending_q_ = PendingQ{&L.wq_b, qr, q, b};  // attend() issues them (DSV4_FORK_DEFER_Q, measurement)
       return;
@@ -849,8 +869,14 @@ class CudaBackend final : public Backend {
       // A batch's rows (one call each, in one fork window) share qI / wI: this row's queries overwrite them only after
       // the previous row's scores (on kSideIdx) have read them.
       if (fork && idx_scores_pending_) DSV4_CU(cudaStreamWaitEvent(s_, idx_done_ev_, 0));
-      lin(L.idx_wq_b, qr, n, qI);
+      const bool stacked = n == 1 && fork && stacked_layer_ == layer && stacked_qi_;
+      if (!stacked) lin(L.idx_wq_b, qr, n, qI);
       plain(L.idx_wproj, x, n, wI, official_);  // official: the head weights BF16-rounded (the CPU's bf16 linear)
+      if (stacked) {  // the queries came with wq_b's GEMV on the main stream (attn_qkv)
+        DSV4_CU(cudaStreamWaitEvent(s_, wqb_ev_, 0));
+        qI = stacked_qi_;
+        stacked_qi_ = nullptr, stacked_layer_ = -1;
+      }
       cuda::indexer_q_prep(qI, n, Hi, Di, c_.rope_dim, L.inv_freq, pos0, official_, s_, dpos());
       if (fork) DSV4_CU(cudaEventRecord(idx_q_ev_, s_));
     }
@@ -1245,10 +1271,17 @@ class CudaBackend final : public Backend {
   }
   void attn_qkv_row_loop(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) {
     const RowDims& d = row_dims();
-    for (int i = 0; i < n; ++i) {
-      RowScope r(this, i);
-      attn_qkv(layer, x + i * d.x, 1, pos[i], qr + i * d.qr, q + i * d.q, kv + i * d.kv);
+    in_row_loop_ = true;  // (every row's attn_qkv runs before any row's indexer: no stacked wq_b, see attn_qkv)
+    try {
+      for (int i = 0; i < n; ++i) {
+        RowScope r(this, i);
+        attn_qkv(layer, x + i * d.x, 1, pos[i], qr + i * d.qr, q + i * d.q, kv + i * d.kv);
+      }
+    } catch (...) {
+      in_row_loop_ = false;
+      throw;
     }
+    in_row_loop_ = false;
   }
   void attn_out_row_loop(int layer, const float* o, int n, const int64_t* pos, float* out) {
     const RowDims& d = row_dims();
@@ -1782,7 +1815,9 @@ class CudaBackend final : public Backend {
     L.q_norm = heap_.upload_f32(lw.q_norm);
     L.kv_norm = heap_.upload_f32(lw.kv_norm);
     heap_.linear_pair(lw.wq_a, lw.wkv, L.wq_a, L.wkv, L.wq_a_wkv);
-    L.wq_b = heap_.linear(lw.wq_b);
+    // CSA: wq_b and the indexer's wq_b read the same qr; stored back to back (views into the pair, no extra memory).
+    if (lw.indexer) heap_.linear_pair(lw.wq_b, lw.indexer->wq_b, L.wq_b, L.idx_wq_b, L.wq_b_idx);
+    else L.wq_b = heap_.linear(lw.wq_b);
     L.wo_a = heap_.linear(lw.wo_a);
     L.wo_b = heap_.linear(lw.wo_b);
     if (lw.compressor) {
@@ -1792,7 +1827,6 @@ class CudaBackend final : public Backend {
     if (lw.indexer) {
       L.has_idx = true;
       L.icomp = comp(lw.indexer->comp);
-      L.idx_wq_b = heap_.linear(lw.indexer->wq_b);
       L.idx_wproj = heap_.linear(lw.indexer->weights_proj);
     }
     L.gate = heap_.linear(lw.gate);
@@ -1988,6 +2022,10 @@ class CudaBackend final : public Backend {
   static constexpr int kSideIdx = 0, kSideIdxQ = 1, kSideComp = 2;
   cudaStream_t attn_side_[3] = {};
   cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr, idx_done_ev_ = nullptr;
+  cudaEvent_t wqb_ev_ = nullptr;  // after attn_qkv's stacked wq_b GEMV (DSV4_WQB_STACK): the indexer queries wait on it
+  float* stacked_qi_ = nullptr;   // the indexer's queries in that GEMV's output, for indexer_topk of stacked_layer_
+  int stacked_layer_ = -1;
+  bool in_row_loop_ = false;      // attn_qkv_row_loop is running
   bool attn_side_open_ = false;
   const float *qkv_q_ = nullptr, *qkv_kv_ = nullptr;  // the last single-token attn_qkv's outputs (see attend())
   // The fork point's generation (one per attn_qkv that forks) and the one branch i last waited on (-1: it has not

@@ -3282,6 +3282,11 @@ std::atomic<bool> g_hc_defer_sinkhorn_on{switch_on("DSV4_HC_DEFER_SINKHORN")};
 }  // namespace
 void set_hc_defer_sinkhorn(bool on) { g_hc_defer_sinkhorn_on.store(on, std::memory_order_relaxed); }
 bool hc_defer_sinkhorn_enabled() { return g_hc_defer_sinkhorn_on.load(std::memory_order_relaxed); }
+namespace {
+std::atomic<bool> g_wqb_stack_on{switch_opt_in("DSV4_WQB_STACK")};
+}  // namespace
+void set_wqb_stack(bool on) { g_wqb_stack_on.store(on, std::memory_order_relaxed); }
+bool wqb_stack_enabled() { return g_wqb_stack_on.load(std::memory_order_relaxed); }
 void set_fork_defer_q(int mode) { g_fork_defer_q.store(mode, std::memory_order_relaxed); }
 int fork_defer_q_mode() { return g_fork_defer_q.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }

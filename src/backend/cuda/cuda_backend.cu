@@ -1815,8 +1815,9 @@ class CudaBackend final : public Backend {
     L.q_norm = heap_.upload_f32(lw.q_norm);
     L.kv_norm = heap_.upload_f32(lw.kv_norm);
     heap_.linear_pair(lw.wq_a, lw.wkv, L.wq_a, L.wkv, L.wq_a_wkv);
-    // CSA: wq_b and the indexer's wq_b read the same qr; stored back to back (views into the pair, no extra memory).
-    if (lw.indexer) heap_.linear_pair(lw.wq_b, lw.indexer->wq_b, L.wq_b, L.idx_wq_b, L.wq_b_idx);
+    // CSA under DSV4_WQB_STACK=1 (read at load): wq_b and the indexer's wq_b read the same qr; stored back to back
+    // (views into the pair, no extra memory).
+    if (lw.indexer && cuda::wqb_stack_enabled()) heap_.linear_pair(lw.wq_b, lw.indexer->wq_b, L.wq_b, L.idx_wq_b, L.wq_b_idx);
     else L.wq_b = heap_.linear(lw.wq_b);
     L.wo_a = heap_.linear(lw.wo_a);
     L.wo_b = heap_.linear(lw.wo_b);
@@ -1827,6 +1828,7 @@ class CudaBackend final : public Backend {
     if (lw.indexer) {
       L.has_idx = true;
       L.icomp = comp(lw.indexer->comp);
+      if (!L.idx_wq_b.w) L.idx_wq_b = heap_.linear(lw.indexer->wq_b);
       L.idx_wproj = heap_.linear(lw.indexer->weights_proj);
     }
     L.gate = heap_.linear(lw.gate);

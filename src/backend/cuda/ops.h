@@ -469,7 +469,8 @@ void set_fork_defer_q(int mode);
 int fork_defer_q_mode();
 // A CSA layer's single-token step (one GPU, one sequence): wq_b and the indexer's wq_b (stored back to back) as one
 // GEMV in attn_qkv, the indexer's queries taken from its output (DSV4_WQB_STACK=1 / set_wqb_stack(true); default off:
-// measurement; it takes precedence over DSV4_FORK_DEFER_Q there). The same GEMV per row: bit-identical.
+// measurement; it takes precedence over DSV4_FORK_DEFER_Q there; the pair is stored only if it is on when the model
+// loads). The same GEMV per row: bit-identical.
 void set_wqb_stack(bool on);
 bool wqb_stack_enabled();
 // Launches on this thread while an instance lives are not programmatic dependent launches (a full dependency on the

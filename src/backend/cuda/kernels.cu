@@ -2940,16 +2940,30 @@ std::atomic<bool> g_topk_bisect_on{switch_opt_in("DSV4_TOPK_BISECT")};
 void set_topk_bisect(bool on) { g_topk_bisect_on.store(on, std::memory_order_relaxed); }
 bool topk_bisect_enabled() { return g_topk_bisect_on.load(std::memory_order_relaxed); }
 
+namespace {
+// topk_radix_row's dynamic shared memory for top-k of rows of ld scores: P candidates (k rounded up to a power of two)
+// and, when it fits next to them (<= 160 KB in all), the row's keys (cache = the entries cached).
+struct TopkSmem {
+  int P = 1, cache = 0;
+  size_t bytes = 0;
+};
+TopkSmem topk_smem(int k, int64_t ld) {
+  TopkSmem t;
+  while (t.P < k) t.P <<= 1;
+  const int64_t cache_cap = (160 * 1024 - static_cast<int64_t>(t.P) * 8) / 4;
+  t.cache = static_cast<int>(std::min<int64_t>(ld, cache_cap));
+  t.bytes = static_cast<size_t>(t.P) * 8 + static_cast<size_t>(t.cache) * 4;
+  return t;
+}
+}  // namespace
+
 void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s,
                const int64_t* dpos) {
   if (n <= 0) return;
   if (k > kTopkMaxK) fail("top-k: k = ", k, " exceeds the kernel's limit of ", kTopkMaxK);
-  int P = 1;
-  while (P < k) P <<= 1;
-  // Cache the row's keys in shared memory when it fits next to the candidates (<= 160 KB in all).
-  const int64_t cache_cap = (160 * 1024 - static_cast<int64_t>(P) * 8) / 4;
-  const int cache = static_cast<int>(std::min<int64_t>(ld, cache_cap));
-  const size_t sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
+  const TopkSmem tk = topk_smem(k, ld);
+  const int P = tk.P, cache = tk.cache;
+  const size_t sm = tk.bytes;
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
   // A few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
   const unsigned split = n <= 4 ? kTopkSplit : 1;
@@ -2974,17 +2988,14 @@ void indexer_topk_fused(const IndexerTopkArgs& a, cudaStream_t s) {
          kTopkMaxK, " (heads ", a.heads, ", dim ", a.Di, ", k ", a.k, ")");
   if (!aligned16(a.q) || !aligned16(a.keys)) fail("indexer: queries and keys must be 16-byte aligned");
   if (!a.counters) fail("indexer: the fused top-k needs its three device counters");
-  int P = 1;
-  while (P < a.k) P <<= 1;
   const int64_t nscore64 = (a.ld + kIdxFusedKeys - 1) / kIdxFusedKeys;
   if (nscore64 + kTopkSplit > (int64_t{1} << 30)) fail("indexer: score row too long (", a.ld, ")");
   const int nscore = static_cast<int>(nscore64);
   const size_t score_sm = static_cast<size_t>(idx_smem_floats(kIdxFusedKeys, a.heads, a.Di)) * 4;
-  // The top-k's cache as topk_rows sizes it, within the same dynamic allocation as the scores' staging.
-  const int64_t cache_cap = (160 * 1024 - static_cast<int64_t>(P) * 8) / 4;
-  const int cache = static_cast<int>(std::min<int64_t>(a.ld, cache_cap));
-  const size_t topk_sm = static_cast<size_t>(P) * 8 + static_cast<size_t>(cache) * 4;
-  const size_t sm = std::max(score_sm, topk_sm);
+  // The top-k's candidates and cache as topk_rows sizes them, in the same dynamic allocation as the scores' staging.
+  const TopkSmem tk = topk_smem(a.k, a.ld);
+  const int P = tk.P, cache = tk.cache;
+  const size_t sm = std::max(score_sm, tk.bytes);
   set_smem(reinterpret_cast<const void*>(indexer_topk_fused_kernel), sm);
   launch(indexer_topk_fused_kernel, static_cast<unsigned>(nscore + kTopkSplit), kTopkThreads, sm, s, a, nscore, P, cache,
          topk_bisect_enabled());

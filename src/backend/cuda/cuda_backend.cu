@@ -1271,17 +1271,16 @@ class CudaBackend final : public Backend {
   }
   void attn_qkv_row_loop(int layer, const float* x, int n, const int64_t* pos, float* qr, float* q, float* kv) {
     const RowDims& d = row_dims();
-    in_row_loop_ = true;  // (every row's attn_qkv runs before any row's indexer: no stacked wq_b, see attn_qkv)
-    try {
-      for (int i = 0; i < n; ++i) {
-        RowScope r(this, i);
-        attn_qkv(layer, x + i * d.x, 1, pos[i], qr + i * d.qr, q + i * d.q, kv + i * d.kv);
-      }
-    } catch (...) {
-      in_row_loop_ = false;
-      throw;
+    // Every row's attn_qkv runs before any row's indexer: no stacked wq_b (see attn_qkv) while this loop runs.
+    struct InRowLoop {
+      bool& f;
+      explicit InRowLoop(bool& flag) : f(flag) { f = true; }
+      ~InRowLoop() { f = false; }
+    } in_loop(in_row_loop_);
+    for (int i = 0; i < n; ++i) {
+      RowScope r(this, i);
+      attn_qkv(layer, x + i * d.x, 1, pos[i], qr + i * d.qr, q + i * d.q, kv + i * d.kv);
     }
-    in_row_loop_ = false;
   }
   void attn_out_row_loop(int layer, const float* o, int n, const int64_t* pos, float* out) {
     const RowDims& d = row_dims();

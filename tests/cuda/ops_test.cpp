@@ -1835,7 +1835,7 @@ TEST(CudaOps, MoeReduceSumsEverySlot) {
 // Scores drawn from few distinct values force long tie runs across the k boundary (all three radix passes and the
 // tie cut); distinct values stop the select early; rows longer than the shared-memory cache take the uncached path;
 // rows of exactly k and shorter than k (padded with -1). Each case runs as 2 rows (decode: the ordering split over
-// blocks) and as 6 rows (one block per row), with the histogram passes and with the bisection (set_topk_bisect).
+// blocks) and as 6 rows (one block per row).
 TEST(CudaOps, TopkExactTies) {
   std::mt19937 g(77);
   struct Case {
@@ -1845,43 +1845,40 @@ TEST(CudaOps, TopkExactTies) {
   for (const Case c : {Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
                        Case{4096, 512, 100000}, Case{8192, 512, 0}, Case{70000, 512, 13}, Case{70000, 512, 0},
                        Case{513, 512, 4}, Case{513, 512, 0}, Case{300, 512, 5}, Case{5000, 4, 3}, Case{3000, 2048, 0}})
-    for (const int n : {2, 6})
-      for (const bool bisect : {false, true}) {  // the histogram passes, and the bisection (DSV4_TOPK_BISECT)
-        cu::set_topk_bisect(bisect);
-        const int ratio = 4;
-        const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query n-2 one fewer (ld 513: k)
-        std::uniform_int_distribution<int> pick(0, std::max(c.distinct - 1, 0));
-        std::normal_distribution<float> nd(0.0f, 3.0f);
-        vector<float> sc(static_cast<size_t>(n * c.ld));
-        for (auto& v : sc) {
-          if (c.distinct == 0) {
-            v = nd(g);
-            continue;
-          }
-          const int p = pick(g);
-          v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
+    for (const int n : {2, 6}) {
+      const int ratio = 4;
+      const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query n-2 one fewer (ld 513: k)
+      std::uniform_int_distribution<int> pick(0, std::max(c.distinct - 1, 0));
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      vector<float> sc(static_cast<size_t>(n * c.ld));
+      for (auto& v : sc) {
+        if (c.distinct == 0) {
+          v = nd(g);
+          continue;
         }
-        DBuf<float> dsc(sc);
-        DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
-        DSV4_CU(cudaMemset(dtop.p, 0x55, dtop.n * sizeof(int32_t)));  // every slot must be written
-        cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
-        auto got = dtop.get();
-        for (int i = 0; i < n; ++i) {
-          const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
-          vector<int32_t> order(static_cast<size_t>(V));
-          std::iota(order.begin(), order.end(), 0);
-          const float* s = sc.data() + i * c.ld;
-          const int64_t kk = std::min<int64_t>(V, c.k);
-          std::partial_sort(order.begin(), order.begin() + kk, order.end(),
-                            [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-          vector<int32_t> want(order.begin(), order.begin() + kk);
-          want.resize(static_cast<size_t>(c.k), -1);
-          vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
-          EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), " << n
-                              << " rows, query " << i << (bisect ? ", bisection" : ", histogram passes");
-        }
-        cu::set_topk_bisect(false);
+        const int p = pick(g);
+        v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
       }
+      DBuf<float> dsc(sc);
+      DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
+      DSV4_CU(cudaMemset(dtop.p, 0x55, dtop.n * sizeof(int32_t)));  // every slot must be written
+      cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
+      auto got = dtop.get();
+      for (int i = 0; i < n; ++i) {
+        const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
+        vector<int32_t> order(static_cast<size_t>(V));
+        std::iota(order.begin(), order.end(), 0);
+        const float* s = sc.data() + i * c.ld;
+        const int64_t kk = std::min<int64_t>(V, c.k);
+        std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                          [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+        vector<int32_t> want(order.begin(), order.begin() + kk);
+        want.resize(static_cast<size_t>(c.k), -1);
+        vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
+        EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), " << n
+                            << " rows, query " << i;
+      }
+    }
 }
 
 // ---- lightning indexer: 64 heads x 128 dims over 2048 (8K context) and 4096 keys, top-512 ------------------------
@@ -2025,12 +2022,9 @@ TEST(CudaOps, IndexerTopkFused) {
   DBuf<int> counters(3);
   for (const Case c : {Case{2048, 2048, 8191}, Case{4096, 8192, 16383}, Case{4096, 8192, 1203}, Case{70000, 70000, 279999},
                        Case{300, 2048, 1202}})
-    for (int variant = 0; variant < 3; ++variant) {  // reference, official; official with the top-k's bisection
-      const bool official = variant >= 1;
-      cu::set_topk_bisect(variant == 2);
+    for (bool official : {false, true}) {
       const std::string what = std::to_string(c.nkeys) + " keys, row " + std::to_string(c.ld) + ", position " +
-                               std::to_string(c.pos) + (official ? ", official" : ", reference") +
-                               (variant == 2 ? ", bisection" : "");
+                               std::to_string(c.pos) + (official ? ", official" : ", reference");
       vector<float> q = randn(static_cast<size_t>(Hi * Di), g), w = randn(static_cast<size_t>(Hi), g),
                     keys = randn(static_cast<size_t>(c.nkeys * Di), g);
       std::uniform_int_distribution<int64_t> pick(0, c.nkeys - 1);
@@ -2100,7 +2094,6 @@ TEST(CudaOps, IndexerTopkFused) {
       vector<int32_t> rule(order.begin(), order.begin() + kk);
       rule.resize(K, -1);
       EXPECT_EQ(wt, rule) << what << ": topk_rows vs the CPU rule";
-      cu::set_topk_bisect(false);
     }
   cu::IndexerTopkArgs bad;
   bad.heads = 32, bad.Di = 128, bad.k = 512, bad.ld = 2048, bad.counters = counters.p;

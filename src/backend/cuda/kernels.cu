@@ -1103,11 +1103,9 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // topk_radix_kernel's function for row t by a block of kTopkThreads threads (after the wait), the block being part
 // `part` of `parts` that share the row's ordering step. tk_sm: P * 8 + cache * 4 bytes of dynamic shared memory. The
 // scores are read through L2 (__ldcg): in the fused indexer kernel, other blocks of the same grid wrote them.
-// bisect (DSV4_TOPK_BISECT=1, measurement; cached rows only): the k-th largest key by bisection instead of the
-// histogram passes (see there); the same prefix / mask / want contract, so the same compaction and order follow.
 __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, int64_t pos0, int ratio, int k, int P,
                                                int cache, int32_t* topk, int t, int part_id, int parts,
-                                               unsigned long long* tk_sm, bool bisect) {
+                                               unsigned long long* tk_sm) {
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
   // Two histograms: a pass clears the next pass's while it fills its own, so clearing needs no barrier of its own.
@@ -1134,40 +1132,7 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
   // V <= k: mask 0 takes all.
   uint32_t prefix = 0, mask = 0;
   int want = kk;
-  if (V > k && bisect && cached) {
-    // The kk-th largest key bit by bit from the top: T is the largest value with #(key >= T) >= kk. One count per
-    // step -- warp sums, the 32 warps' sums through shared memory, one barrier (the two halves of cnt alternate: a
-    // step's writes never meet the previous step's reads, which the barrier between them has ordered). Contention-free,
-    // where the histogram's first pass puts most of a row's scores (similar exponents) on a few shared-memory bins.
-    // Stops as soon as exactly kk keys are >= the candidate (distinct scores: after about as many bits as the radix
-    // passes take); then the whole bin is taken, as when the radix passes stop early.
-    static_assert(kTopkThreads == 1024, "one warp sum per lane of the reading warp");
-    __shared__ int cnt[2][32];
-    int parity = 0;
-    auto block_count = [&](uint32_t pmask, uint32_t pval, bool above) -> int {  // #((key & pmask) >= / > pval)
-      int mine = 0;
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        const uint32_t u = row[i] & pmask;
-        mine += above ? (u > pval) : (u >= pval);
-      }
-      mine = __reduce_add_sync(0xffffffffu, mine);
-      if (lane == 0) cnt[parity][w] = mine;
-      __syncthreads();
-      const int tot = __reduce_add_sync(0xffffffffu, cnt[parity][lane]);
-      parity ^= 1;
-      return tot;
-    };
-    uint32_t T = 0, fixed = 0;
-    for (int b = 31; b >= 0; --b) {
-      const uint32_t c = T | (1u << b);
-      const int tot = block_count(0xFFFFFFFFu, c, false);
-      if (tot >= kk) T = c;
-      fixed |= 1u << b;
-      if (tot == kk) break;  // exactly kk keys are >= T (whose lower bits are zero): all of them, no tie
-    }
-    prefix = T, mask = fixed;
-    want = kk - block_count(mask, prefix, true);
-  } else if (V > k) {
+  if (V > k) {
     for (int pass = 0; pass < 3; ++pass) {
       const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
       const uint32_t dmask = pass == 2 ? 1023u : 2047u;
@@ -1255,12 +1220,12 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
 
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
                                                                  int k, int P, int cache, int32_t* topk,
-                                                                 const int64_t* dpos, bool bisect) {
+                                                                 const int64_t* dpos) {
   if (dpos) pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
   pdl_wait();
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   topk_radix_row(scores, ld, pos0, ratio, k, P, cache, topk, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                 static_cast<int>(gridDim.y), tk_sm, bisect);
+                 static_cast<int>(gridDim.y), tk_sm);
 }
 
 // The single-token indexer in one launch (indexer_topk_fused): the scores of indexer_scores_v2<16> (tiles of 16 keys,
@@ -1273,7 +1238,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
 // stream orders after this one (its tickets are taken after its own wait).
 constexpr int kIdxFusedKeys = 16, kIdxFusedActive = 256;
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(IndexerTopkArgs a, int nscore, int P,
-                                                                         int cache, bool bisect) {
+                                                                         int cache) {
   int64_t pos0 = a.pos0, n_keys = a.n_keys;
   if (a.dpos) {  // graph mode, as indexer_scores_v2 (one token)
     pos0 = *a.dpos;  // before the wait: a step constant (see pdl_wait)
@@ -1305,7 +1270,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
   }
   __syncthreads();
   topk_radix_row(a.scores, a.ld, pos0, a.ratio, a.k, P, cache, a.topk, 0, ticket - nscore, kTopkSplit,
-                 reinterpret_cast<unsigned long long*>(fsm), bisect);
+                 reinterpret_cast<unsigned long long*>(fsm));
   __syncthreads();
   if (threadIdx.x == 0 && atomicAdd(done_ctr, 1) == kTopkSplit - 1) {
     // Every block has taken its ticket (the top-k blocks were the last) and every top-k block is done.
@@ -2935,12 +2900,6 @@ void indexer_scores(const float* q, const float* wts, const float* keys, int n, 
 }
 
 namespace {
-std::atomic<bool> g_topk_bisect_on{switch_opt_in("DSV4_TOPK_BISECT")};
-}  // namespace
-void set_topk_bisect(bool on) { g_topk_bisect_on.store(on, std::memory_order_relaxed); }
-bool topk_bisect_enabled() { return g_topk_bisect_on.load(std::memory_order_relaxed); }
-
-namespace {
 // topk_radix_row's dynamic shared memory for top-k of rows of ld scores: P candidates (k rounded up to a power of two)
 // and, when it fits next to them (<= 160 KB in all), the row's keys (cache = the entries cached).
 struct TopkSmem {
@@ -2967,8 +2926,7 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
   // A few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
   const unsigned split = n <= 4 ? kTopkSplit : 1;
-  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos,
-         topk_bisect_enabled());
+  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
   DSV4_LAUNCHED();
 }
 
@@ -2997,8 +2955,7 @@ void indexer_topk_fused(const IndexerTopkArgs& a, cudaStream_t s) {
   const int P = tk.P, cache = tk.cache;
   const size_t sm = std::max(score_sm, tk.bytes);
   set_smem(reinterpret_cast<const void*>(indexer_topk_fused_kernel), sm);
-  launch(indexer_topk_fused_kernel, static_cast<unsigned>(nscore + kTopkSplit), kTopkThreads, sm, s, a, nscore, P, cache,
-         topk_bisect_enabled());
+  launch(indexer_topk_fused_kernel, static_cast<unsigned>(nscore + kTopkSplit), kTopkThreads, sm, s, a, nscore, P, cache);
   DSV4_LAUNCHED();
 }
 

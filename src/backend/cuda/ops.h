@@ -294,11 +294,6 @@ void set_indexer_wg(bool on);
 bool indexer_uses_wg(int n, int heads, int64_t Di, bool official, const int64_t* dpos);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
                cudaStream_t s, const int64_t* dpos = nullptr);
-// The top-k's k-th largest key by bisection (one contention-free block count per key bit, stopping once exactly k keys
-// lie above the candidate) instead of the histogram passes, for rows held in shared memory; the same output.
-// DSV4_TOPK_BISECT=1 / set_topk_bisect(true): topk_rows and indexer_topk_fused take it (default off: measurement).
-void set_topk_bisect(bool on);
-bool topk_bisect_enabled();
 // One token's indexer_scores then topk_rows as ONE launch (decode; 64 heads): the same scores for the visible keys
 // (entries past them are not written) and the same top-k, bit for bit. counters: 3 device ints, zero before the first
 // launch (each launch leaves them zero); launches that share them must be ordered (one stream). DSV4_INDEXER_FUSED=0

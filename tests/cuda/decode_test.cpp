@@ -442,18 +442,6 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " stacked wq_b: rel L2 "
             << rel_l2(got, want);
-        // wq_b and the query RoPE issued by attend(), after the branches (DSV4_FORK_DEFER_Q 1, and 2: without PDL).
-        for (int mode : {1, 2}) {
-          cuda::set_fork_defer_q(mode);
-          {
-            Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
-            got = decode_logits(m, ids, 9);
-          }
-          cuda::set_fork_defer_q(0);
-          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
-              << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " deferred wq_b, mode " << mode
-              << ": rel L2 " << rel_l2(got, want);
-        }
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.
     for (Numerics nm : {Numerics::Reference, Numerics::Official}) {

@@ -628,7 +628,7 @@ class CudaBackend final : public Backend {
       return;
     }
     capturing_ = false;
-    if (!completed) pending_q_.reset(), join_attn_side(true);  // an op threw mid-layer: every forked stream joined before the capture ends
+    if (!completed) join_attn_side(true);  // an op threw mid-layer: every forked stream joined before the capture ends
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(s_, &graph);
     if (!completed) {
@@ -701,9 +701,8 @@ class CudaBackend final : public Backend {
 
   void attn_qkv(int layer, const float* x, int n, int64_t pos0, float* qr, float* q, float* kv) override {
     OpScope prof(this, "attn_qkv");
-    // A fork left open by a sub-layer that threw before its attend: its deferred query work issued and the fork joined
-    // first, so that this op's work (and the next compressor / indexer ops) are ordered after it. A no-op otherwise.
-    flush_pending_q();
+    // A fork left open by a sub-layer that threw before its attend: joined first, so that this op's work (and the next
+    // compressor / indexer ops) are ordered after it. A no-op otherwise.
     join_attn_side();
     stored_rows_.clear(), deroped_.clear();
     stacked_qi_ = nullptr, stacked_layer_ = -1;
@@ -777,10 +776,6 @@ class CudaBackend final : public Backend {
       part.emplace(this, "attn_qkv/q_rope", true);
       b.x = qq;
       cuda::norm_rope(b, s_);
-      return;
-    }
-    if (n == 1 && attn_side_open_ && !batch_step_ && cuda::fork_defer_q_mode() > 0) {
-      pending_q_ = PendingQ{&L.wq_b, qr, q, b};  // attend() issues them (DSV4_FORK_DEFER_Q, measurement)
       return;
     }
     part.emplace(this, "attn_qkv/wq_b", true);
@@ -912,7 +907,6 @@ class CudaBackend final : public Backend {
   void attend(int layer, const float* q, const float* kv, const int32_t* topk, int n, int64_t pos0,
               SequenceState& sst, float* o) override {
     // The compressor / indexer ops since attn_qkv ran on the side branches joined here (not on s_ right before).
-    flush_pending_q();
     join_attn_side();
     OpScope prof(this, "attend");
     const DevLayer& L = lay(layer);
@@ -2057,27 +2051,6 @@ class CudaBackend final : public Backend {
     }
   };
   // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
-  // attn_qkv's deferred wq_b GEMV and query RoPE (cuda::fork_defer_q_mode), on the main stream.
-  struct PendingQ {
-    const DevLinear* wq_b = nullptr;
-    const float* qr = nullptr;
-    float* q = nullptr;
-    cuda::NormRopeArgs rope;
-  };
-  std::optional<PendingQ> pending_q_;
-  void flush_pending_q() {
-    if (!pending_q_) return;
-    const PendingQ p = *pending_q_;
-    pending_q_.reset();
-    {
-      OpScope part(this, "attn_qkv/wq_b", true);
-      std::optional<cuda::NoPdlScope> no_pdl;  // mode 2: wq_b ready only when norm_rope2 completes, as the branches
-      if (cuda::fork_defer_q_mode() == 2) no_pdl.emplace();
-      lin(*p.wq_b, p.qr, 1, p.q, true);
-    }
-    OpScope part(this, "attn_qkv/q_rope", true);
-    cuda::norm_rope(p.rope, s_);
-  }
   void join_attn_side(bool nothrow = false) {
     if (!attn_side_open_) return;
     attn_side_open_ = false;

@@ -58,13 +58,12 @@ bool switch_opt_in(const char* name) {
   const char* e = std::getenv(name);
   return e && std::string(e) == "1";
 }
-thread_local int t_no_pdl = 0;  // NoPdlScope depth on this thread
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("DSV4_PDL");
     return !(e && std::string(e) == "0");
   }();
-  return env_on && g_pdl_allowed.load(std::memory_order_relaxed) && t_no_pdl == 0;
+  return env_on && g_pdl_allowed.load(std::memory_order_relaxed);
 }
 // cluster_x > 0: thread-block clusters of cluster_x blocks along x (the grid's x a multiple of it).
 template <typename... KArgs, typename... Args>
@@ -100,8 +99,6 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
 }
 }  // namespace
 void set_pdl(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
-NoPdlScope::NoPdlScope() { ++t_no_pdl; }
-NoPdlScope::~NoPdlScope() { --t_no_pdl; }
 namespace {
 // Dependency-release tracing (trace_begin / trace_end): when g_trace_buf is set, one thread of block 0 of every kernel
 // stores %globaltimer right after its griddepcontrol.wait returns, i.e. when the previous kernel of the stream has
@@ -3242,10 +3239,6 @@ std::atomic<bool> g_attend_derope_fuse_on{switch_on("DSV4_ATTEND_FUSE_DEROPE")};
 // -1: DSV4_ATTN_FORK not read yet. Read at the first use, not at start-up: `dsv4 bench --trace-steps` sets it in main.
 std::atomic<int> g_attn_fork_on{-1};
 std::atomic<bool> g_attn_lazy_fork_on{switch_on("DSV4_ATTN_LAZY_FORK")};
-std::atomic<int> g_fork_defer_q{[] {
-  const char* e = std::getenv("DSV4_FORK_DEFER_Q");
-  return e && (std::string(e) == "1" || std::string(e) == "2") ? std::stoi(e) : 0;
-}()};
 std::atomic<bool> g_hc_defer_sinkhorn_on{switch_on("DSV4_HC_DEFER_SINKHORN")};
 }  // namespace
 void set_hc_defer_sinkhorn(bool on) { g_hc_defer_sinkhorn_on.store(on, std::memory_order_relaxed); }
@@ -3255,8 +3248,6 @@ std::atomic<bool> g_wqb_stack_on{switch_opt_in("DSV4_WQB_STACK")};
 }  // namespace
 void set_wqb_stack(bool on) { g_wqb_stack_on.store(on, std::memory_order_relaxed); }
 bool wqb_stack_enabled() { return g_wqb_stack_on.load(std::memory_order_relaxed); }
-void set_fork_defer_q(int mode) { g_fork_defer_q.store(mode, std::memory_order_relaxed); }
-int fork_defer_q_mode() { return g_fork_defer_q.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
 void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }

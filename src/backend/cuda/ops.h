@@ -453,29 +453,12 @@ bool attn_fork_enabled();
 // joins at the fork and is joined back (DSV4_ATTN_LAZY_FORK=0 / false). The same kernels: bit-identical results.
 void set_attn_lazy_fork(bool on);
 bool attn_lazy_fork_enabled();
-// With the fork on, a single sequence's step: attn_qkv's wq_b GEMV and query RoPE are issued by attend() just before
-// it joins the branches, i.e. after the compressor / indexer branches' launches (DSV4_FORK_DEFER_Q=1 /
-// set_fork_defer_q(1); default 0: off, measurement). The same kernels and stream order on the main stream, only the
-// capture order: wq_b's GEMV holds a 512-thread, 80-register block on every SM for ~11 us, and the branches' first
-// GEMVs cannot share an SM with it. Under PDL wq_b's blocks may still become resident first (as soon as norm_rope2
-// passes its wait, while the branches wait for its completion); mode 2 also launches wq_b without PDL, so that it
-// and the branches' first kernels become ready together, when norm_rope2 completes.
-void set_fork_defer_q(int mode);
-int fork_defer_q_mode();
 // A CSA layer's single-token step (one GPU, one sequence): wq_b and the indexer's wq_b (stored back to back) as one
 // GEMV in attn_qkv, the indexer's queries taken from its output (DSV4_WQB_STACK=1 / set_wqb_stack(true); default off:
-// measurement; it takes precedence over DSV4_FORK_DEFER_Q there; the pair is stored only if it is on when the model
+// measurement; the pair is stored only if it is on when the model
 // loads). The same GEMV per row: bit-identical.
 void set_wqb_stack(bool on);
 bool wqb_stack_enabled();
-// Launches on this thread while an instance lives are not programmatic dependent launches (a full dependency on the
-// previous kernel of their stream).
-struct NoPdlScope {
-  NoPdlScope();
-  ~NoPdlScope();
-  NoPdlScope(const NoPdlScope&) = delete;
-  NoPdlScope& operator=(const NoPdlScope&) = delete;
-};
 // The verify pair (CudaBackend::pair_rows) as a recorded two-row step in reference numerics too (official numerics
 // always on one GPU): default on; DSV4_PAIR_ROWS_REFERENCE=0 / false: the two-token chunk in reference numerics.
 void set_pair_rows_reference(bool on);

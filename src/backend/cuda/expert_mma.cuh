@@ -133,19 +133,21 @@ __device__ __forceinline__ void put_f16p(__nv_fp8x2_storage_t e01, __nv_fp8x2_st
   const uint32_t mine23 = static_cast<uint32_t>(h23.x) | (static_cast<uint32_t>(h23.y) << 16);
   const uint32_t o01 = __shfl_xor_sync(0xffffffffu, mine01, 1), o23 = __shfl_xor_sync(0xffffffffu, mine23, 1);
   // Each f16x2 written pairs column c of the even lane with column c of the odd lane: the even lane writes
-  // positions 0..3 = (0, 4), (1, 5), the odd lane positions 4..7 = (2, 6), (3, 7).
+  // positions 0..3 = (0, 4), (2, 6), the odd lane positions 4..7 = (1, 5), (3, 7) -- so that each MMA's two B
+  // registers are consecutive words of the walk's 16-byte load (with (0, 4), (1, 5), (2, 6), (3, 7) ptxas copied
+  // every B pair into adjacent registers first: ~13 moves per step, ncu SASS, session 29).
   const bool odd = lane & 1;
   uint32_t w0, w1;
   if (!odd) {
-    w0 = (mine01 & 0xFFFFu) | (o01 << 16), w1 = (mine01 >> 16) | (o01 & 0xFFFF0000u);
+    w0 = (mine01 & 0xFFFFu) | (o01 << 16), w1 = (mine23 & 0xFFFFu) | (o23 << 16);
   } else {
-    w0 = (o23 & 0xFFFFu) | (mine23 << 16), w1 = (o23 >> 16) | (mine23 & 0xFFFF0000u);
+    w0 = (o01 >> 16) | (mine01 & 0xFFFF0000u), w1 = (o23 >> 16) | (mine23 & 0xFFFF0000u);
   }
   *reinterpret_cast<uint2*>(codes + (lane >> 1) * 8 + (odd ? 4 : 0)) = make_uint2(w0, w1);
   if (lane == 0) *scale = s;
 }
 // QA8 of x[0, len) as f16 values of the E4M3 codes (exact) for the f16 walk, in its MMA order: per 8 columns
-// 0, 4, 1, 5, 2, 6, 3, 7 (the k order of the two m16n8k16 MMAs a lane's word feeds, see mma_walk), so lane t reads its
+// 0, 4, 2, 6, 1, 5, 3, 7 (the k order of the two m16n8k16 MMAs a lane's word feeds, see mma_walk), so lane t reads its
 // chunk's 8 values with one 16-byte load; scales[b] as stage_x_e4m3's. All threads of the block.
 __device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_t len, __half* codes, float* scales) {
   const int nw = blockDim.x >> 5;
@@ -306,8 +308,8 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
       acc0 = fmaf(d[0], *reinterpret_cast<const float*>(slot + M::StepW + g * 4) * xsf, acc0);
       acc8 = fmaf(d[2], *reinterpret_cast<const float*>(slot + M::StepW + (g + 8) * 4) * xsf, acc8);
     } else {
-      // F16: lane t's 8 staged f16 values of chunk c are 16 bytes at 64 c (stage_x_f16p's order 0, 4, 1, 5, 2, 6, 3,
-      // 7); E4M3: its 8 codes, 8 bytes at 32 c.
+      // F16: lane t's 8 staged f16 values of chunk c are 16 bytes at 64 c (stage_x_f16p's order 0, 4, 2, 6, 1, 5, 3,
+      // 7: the first MMA's B in words x, y, the second's in z, w); E4M3: its 8 codes, 8 bytes at 32 c.
       const uint8_t* xc = xct + (F16 ? 2 : 1) * (col0 + static_cast<int64_t>(ck) * (32 * CPS)) + t4 * (F16 ? 16 : 8);
       const float* xsc = xst + col0 / 128 + static_cast<int64_t>(ck) * (CPS / 4);
 #pragma unroll
@@ -330,9 +332,9 @@ __device__ __forceinline__ void mma_walk(int64_t gw, int64_t nw, int64_t ntiles,
             const uint4 xb = xb4;
             // A fragments (m16n8k16): {row g k 2t.., row g+8 k 2t.., row g k 2t+8.., row g+8 k 2t+8..}.
             mma_f16_16816_acc(d, e2m1_pair_f16<0>(wg), e2m1_pair_f16<0>(wg8), e2m1_pair_f16<2>(wg), e2m1_pair_f16<2>(wg8),
-                              xb.x, xb.z);
+                              xb.x, xb.y);
             mma_f16_16816_acc(d, e2m1_pair_f16<1>(wg), e2m1_pair_f16<1>(wg8), e2m1_pair_f16<3>(wg), e2m1_pair_f16<3>(wg8),
-                              xb.y, xb.w);
+                              xb.z, xb.w);
           } else {
             const uint2 xb = xb2;
             mma_e4m3_16832(d, e2m1_lo_e4m3(wg), e2m1_lo_e4m3(wg8), e2m1_hi_e4m3(wg), e2m1_hi_e4m3(wg8), xb.x, xb.y);

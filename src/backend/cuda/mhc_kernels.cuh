@@ -630,7 +630,8 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
   if (warp == 0) {
     // Lane r < nmix: mix row r; every lane also sums the squares. Slices summed in double in four interleaved chains
     // (slice % 4), then the chains in a fixed order: a dependent double add costs ~35 cycles here (probe), and the
-    // float partials' sum is exact in double in practice whatever the order.
+    // float partials' sum is exact in double in practice whatever the order. (Eight chains spilled registers: the
+    // collapse threads' streams and norm weights share the kernel's 128.)
     const float* pp = xin;
     double ssq[4] = {0.0, 0.0, 0.0, 0.0}, mq[4] = {0.0, 0.0, 0.0, 0.0};
     const int mrow = lane < nmix ? lane : kHcMaxMix;  // spare lanes re-sum the squares (not kept)
@@ -664,6 +665,8 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
     }
     // Same arithmetic as the loops below (collapse in stream order, [official] BF16, x * r * w), from registers.
     float4 v[4];
+    // The sum of squares as a tree per group, then over the groups (a serial chain of 12 dependent double FMAs
+    // before session 29), and the warps' sums below as a butterfly over 16 lanes (15 dependent adds before).
     double ss = 0.0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -682,17 +685,20 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
           c[3] += pre[s] * x4.w;
         }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; ++e)
         if (a.official) c[e] = bf16r(c[e]);
-        ss += static_cast<double>(c[e]) * c[e];
-      }
+      ss += (static_cast<double>(c[0]) * c[0] + static_cast<double>(c[1]) * c[1]) +
+            (static_cast<double>(c[2]) * c[2] + static_cast<double>(c[3]) * c[3]);
       v[i] = make_float4(c[0], c[1], c[2], c[3]);
     }
     ss = warp_sum_d(ss);
     if (lane == 0) red[warp - 1] = ss;
     asm volatile("bar.sync 1, %0;" ::"r"(nct) : "memory");
-    ss = 0.0;
-    for (int i = 0; i < nct / 32; ++i) ss += red[i];
+    // Lanes 0..15 of every collapse warp hold the warps' sums (zero past the last; at most 15 warps: 512-thread
+    // blocks), summed by an xor butterfly: every lane ends with the same bits (each step adds commutatively).
+    ss = (lane & 15) < nct / 32 ? red[lane & 15] : 0.0;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + a.rms_eps));
     const bool rnd = a.official && !a.head, has_w = a.norm_w != nullptr;
     float* x = a.x + t * d;

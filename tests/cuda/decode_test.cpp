@@ -380,7 +380,7 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
 
 // The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel, the mHC Sinkhorn
 // deferred to the posts or to the router's / norm_rope2's extra blocks, the MoE sum in the next post, the indexer's
-// scores and top-k as one launch) and the compressor / indexer side stream against the same model with all of them off:
+// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV) and the compressor / indexer side stream against the same model with all of them off:
 // bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (window_store
 // skipping the row attend already stored, attn_out skipping its norm_rope, the fork and join around the compressor
 // and indexer ops, and for batched decode the re-fork per row). On these tiny fixtures (hc_mult 4) all of them
@@ -394,6 +394,7 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_hc_defer_sinkhorn(on);
     cuda::set_expert_stage_batch(on);
     cuda::set_indexer_fused(on);
+    cuda::set_wqb_stack(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;
@@ -432,15 +433,15 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " posts' own Sinkhorn: rel L2 "
             << rel_l2(got, want);
-        // wq_b and the indexer's wq_b as one GEMV (DSV4_WQB_STACK; default off).
-        cuda::set_wqb_stack(true);
+        // Everything on but wq_b and the indexer's wq_b as two GEMVs (DSV4_WQB_STACK=0).
+        cuda::set_wqb_stack(false);
         {
           Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
           got = decode_logits(m, ids, 9);
         }
-        cuda::set_wqb_stack(false);
+        cuda::set_wqb_stack(true);
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
-            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " stacked wq_b: rel L2 "
+            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " two wq_b GEMVs: rel L2 "
             << rel_l2(got, want);
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.

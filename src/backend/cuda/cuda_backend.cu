@@ -143,7 +143,7 @@ struct DevLayer {
   float *attn_norm = nullptr, *ffn_norm = nullptr, *sink = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
   DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
   DevLinear wq_a_wkv;  // wq_a and wkv back to back (single-token steps), or empty
-  DevLinear wq_b_idx;  // wq_b and the indexer's wq_b back to back (CSA; single-token steps under DSV4_WQB_STACK=1)
+  DevLinear wq_b_idx;  // wq_b and the indexer's wq_b back to back (CSA; single-token steps, unless DSV4_WQB_STACK=0)
   bool has_comp = false, has_idx = false;
   DevComp comp, icomp;
   DevLinear idx_wq_b, idx_wproj;
@@ -764,7 +764,7 @@ class CudaBackend final : public Backend {
     b.round_x = defer_round;
     if (n == 1 && attn_side_open_ && tp_ == 1 && !batch_step_ && !in_row_loop_ && L.wq_b_idx.w &&
         cuda::wqb_stack_enabled()) {
-      // One GEMV for wq_b and the indexer's wq_b (DSV4_WQB_STACK=1, measurement): both are persistent tensor-core
+      // One GEMV for wq_b and the indexer's wq_b (default; DSV4_WQB_STACK=0: two): both are persistent tensor-core
       // GEMVs over every SM, which cannot overlap anyway. The query RoPE reads the stacked output; indexer_topk takes
       // its queries from the rest, on its branch after wqb_ev_.
       float* qq = scratch(50, static_cast<size_t>(L.wq_b_idx.out));
@@ -1808,7 +1808,7 @@ class CudaBackend final : public Backend {
     L.q_norm = heap_.upload_f32(lw.q_norm);
     L.kv_norm = heap_.upload_f32(lw.kv_norm);
     heap_.linear_pair(lw.wq_a, lw.wkv, L.wq_a, L.wkv, L.wq_a_wkv);
-    // CSA under DSV4_WQB_STACK=1 (read at load): wq_b and the indexer's wq_b read the same qr; stored back to back
+    // CSA unless DSV4_WQB_STACK=0 (read at load): wq_b and the indexer's wq_b read the same qr; stored back to back
     // (views into the pair, no extra memory).
     if (lw.indexer && cuda::wqb_stack_enabled()) heap_.linear_pair(lw.wq_b, lw.indexer->wq_b, L.wq_b, L.idx_wq_b, L.wq_b_idx);
     else L.wq_b = heap_.linear(lw.wq_b);
@@ -2017,7 +2017,7 @@ class CudaBackend final : public Backend {
   static constexpr int kSideIdx = 0, kSideIdxQ = 1, kSideComp = 2;
   cudaStream_t attn_side_[3] = {};
   cudaEvent_t attn_fork_ev_ = nullptr, attn_join_ev_[3] = {}, idx_q_ev_ = nullptr, idx_done_ev_ = nullptr;
-  cudaEvent_t wqb_ev_ = nullptr;  // after attn_qkv's stacked wq_b GEMV (DSV4_WQB_STACK): the indexer queries wait on it
+  cudaEvent_t wqb_ev_ = nullptr;  // after attn_qkv's stacked wq_b GEMV (cuda::wqb_stack_enabled): the indexer queries wait on it
   float* stacked_qi_ = nullptr;   // the indexer's queries in that GEMV's output, for indexer_topk of stacked_layer_
   int stacked_layer_ = -1;
   bool in_row_loop_ = false;      // attn_qkv_row_loop is running

@@ -454,9 +454,9 @@ bool attn_fork_enabled();
 void set_attn_lazy_fork(bool on);
 bool attn_lazy_fork_enabled();
 // A CSA layer's single-token step (one GPU, one sequence): wq_b and the indexer's wq_b (stored back to back) as one
-// GEMV in attn_qkv, the indexer's queries taken from its output (DSV4_WQB_STACK=1 / set_wqb_stack(true); default off:
-// measurement; the pair is stored only if it is on when the model
-// loads). The same GEMV per row: bit-identical.
+// GEMV in attn_qkv, the indexer's queries taken from its output (default; DSV4_WQB_STACK=0 / set_wqb_stack(false): two
+// GEMVs; the pair is stored only if it is on when the model loads). The same GEMV per row: bit-identical. Measured
+// (docs/BENCHMARKS.md, session 29, one H200, 20 Flash layers): -1.4 us per layer over 5 alternating pairs.
 void set_wqb_stack(bool on);
 bool wqb_stack_enabled();
 // The verify pair (CudaBackend::pair_rows) as a recorded two-row step in reference numerics too (official numerics

@@ -13,7 +13,7 @@
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
 # per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0;
-# AB_LAYERS=N other depths, AB_PROMPT="T1 T2 ..." prompt tokens, one A/B per size, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
+# AB_LAYERS=N other depths, AB_PROMPT="T1 T2 ..." prompt tokens, one A/B per size, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; AB_BIN=PATH [AB_BIN_ENV=...] alternates this binary with another one; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -165,8 +165,8 @@ fi
 # batched step's line is in the summary then).
 AB_LAYERS=${AB_LAYERS:-20}
 AB_ARGS=${AB_ARGS:-}
+ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms|batched decode, " "$1" | tr -s ' ' | tr '\n' ' '; }
 if [ -n "${AB:-}" ]; then
-  ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms|batched decode, " "$1" | tr -s ' ' | tr '\n' ' '; }
   for prompt in ${AB_PROMPT:-2048}; do
     for rep in $(seq 1 "${AB_REPS:-1}"); do
       # shellcheck disable=SC2086  # AB_ARGS: several arguments
@@ -179,6 +179,20 @@ if [ -n "${AB:-}" ]; then
         step "ab_${name}_p${prompt}_r$rep" 150 env $(echo "$kv" | tr ',' ' ') "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt" $AB_ARGS
         note "- A/B (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) $kv: $(ab_line "$OUT/ab_${name}_p${prompt}_r$rep.log")"
       done
+    done
+  done
+fi
+# AB_BIN=PATH: the same 20-layer bench alternating THIS binary with another dsv4 binary (e.g. the previous commit's,
+# carried along), AB_REPS times; AB_BIN_ENV="A=1 B=2": environment for the other binary only (to match switches).
+if [ -n "${AB_BIN:-}" ]; then
+  for prompt in ${AB_PROMPT:-2048}; do
+    for rep in $(seq 1 "${AB_REPS:-1}"); do
+      # shellcheck disable=SC2086  # AB_ARGS / AB_BIN_ENV: several words
+      step "abbin_other_p${prompt}_r$rep" 150 env ${AB_BIN_ENV:-} "$AB_BIN" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt" $AB_ARGS
+      note "- A/B binaries (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) other ($AB_BIN ${AB_BIN_ENV:-}): $(ab_line "$OUT/abbin_other_p${prompt}_r$rep.log")"
+      # shellcheck disable=SC2086
+      step "abbin_this_p${prompt}_r$rep" 150 "$DSV4" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "$prompt" $AB_ARGS
+      note "- A/B binaries (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) this: $(ab_line "$OUT/abbin_this_p${prompt}_r$rep.log")"
     done
   done
 fi

@@ -1493,18 +1493,20 @@ void run_attention(int kind, int H, int64_t pos0, int n, int ratio, bool bf16_in
         if (kind == 0) {
           EXPECT_EQ(same, got.size()) << w2 << ": the split kernels' chunks, the same values";
         }
-        if (size == 16) {  // 16 vs 8 heads per block (the default): every head's arithmetic unchanged, the same bits
+        if (size == 16) {  // 4, 8 (the default) and 16 heads per block: every head's arithmetic unchanged, the same bits
           const int was = cu::attend_heads();
-          cu::set_attend_heads(was == 8 ? 16 : 8);
-          cu::fill_f32(d2.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
-          cu::attend(a, nullptr);
-          const vector<float> got8 = d2.get();
-          cu::set_attend_heads(was);
-          EXPECT_EQ(std::memcmp(got8.data(), got.data(), got.size() * sizeof(float)), 0) << w2 << ": 8 vs 16 heads per block";
-          std::printf("[op] %s, %d vs %d heads per block: %s (16-block clusters resident at once: %d)\n", w2.c_str(), was,
-                      was == 8 ? 16 : 8,
-                      std::memcmp(got8.data(), got.data(), got.size() * sizeof(float)) == 0 ? "the same bits" : "DIFFERENT",
-                      cu::attend_cluster16_max_active());
+          for (const int other : {4, 8, 16}) {
+            if (other == was) continue;
+            cu::set_attend_heads(other);
+            cu::fill_f32(d2.p, static_cast<int64_t>(ref.size()), std::nanf(""), nullptr);
+            cu::attend(a, nullptr);
+            const vector<float> got8 = d2.get();
+            cu::set_attend_heads(was);
+            const bool same_bits = std::memcmp(got8.data(), got.data(), got.size() * sizeof(float)) == 0;
+            EXPECT_TRUE(same_bits) << w2 << ": " << other << " vs " << was << " heads per block";
+            std::printf("[op] %s, %d vs %d heads per block: %s (16-block clusters resident at once: %d)\n", w2.c_str(), was,
+                        other, same_bits ? "the same bits" : "DIFFERENT", cu::attend_cluster16_max_active());
+          }
         }
       }
       cu::set_attend_cluster(-1);

@@ -31,12 +31,14 @@ __host__ __device__ inline size_t att_cl_smem_bytes(int res, int64_t D) {
   return static_cast<size_t>(res) * D * 4 + static_cast<size_t>(kAttHeads) * res * 4 + static_cast<size_t>(res) * (8 + 4);
 }
 
-// HB: heads per block (16, or 8: twice the blocks -- 8 clusters of 16 for 64 heads -- each with half the score and
-// p * v work; the 8 warps' second heads of att_tile_scores / att_chunk_stats are then empty). Every head's arithmetic
-// is the same either way (the chunks depend on H only), so the two give the same bits.
+// HB: heads per block (16, or 8 / 4: twice / four times the blocks -- 8 / 16 clusters of 16 for 64 heads -- each with
+// a half / a quarter of the score and p * v work). At 16 the scores go by att_tile_scores (warp w: heads w and w + 8,
+// 16 rows at a time); at 8 and 4 by att_head_scores32 (warp w: head w % HB, 32 rows at a time, its 32-row blocks
+// w / HB, w / HB + 8 / HB, ...: every reduce-scatter lane useful). Every head's arithmetic is the same either way (the
+// chunks depend on H only, each score is the same dot product and sum tree), so all three give the same bits.
 template <int CL, int HB>
 __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
-  static_assert(HB == 16 || HB == 8, "heads per block: 16 or 8 (att_tile_scores: warp w takes heads w and w + 8)");
+  static_assert(HB == 16 || HB == 8 || HB == 4, "heads per block: 16, 8 or 4");
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
@@ -45,6 +47,11 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     a.pos0 = *a.dpos;
     a.n_comp = (a.pos0 + 1) / a.ratio;
   }
+  // The sinks of the heads phase 2 gives this warp (hh = warp, warp + 8): weights, read before any wait (they were a
+  // dependent global load after the first cluster barrier).
+  const int hw = static_cast<int>(threadIdx.x >> 5);
+  const float sink_w0 = hw < min(HB, a.H - static_cast<int>(blockIdx.y) * HB) ? a.sink[blockIdx.y * HB + hw] : 0.0f;
+  const float sink_w1 = hw + 8 < min(HB, a.H - static_cast<int>(blockIdx.y) * HB) ? a.sink[blockIdx.y * HB + hw + 8] : 0.0f;
   // a.rows_before_wait: the first batch of rows is requested before pdl_wait (every row predates the previous kernel;
   // only the query comes from it), so their DRAM round trip overlaps that kernel.
   if (!a.rows_before_wait) pdl_wait();
@@ -67,8 +74,14 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   const int r0 = min(c * cr, g.nrows), r1 = min(r0 + cr, g.nrows);
   const int D4 = static_cast<int>(a.D / 4);
   const float scale = 1.0f / sqrtf(static_cast<float>(a.D));
-  float* S = a.scratch + static_cast<int64_t>(h0) * a.max_rows;  // scores [head][row] (ld max_rows), this block's rows
-  const bool resident = r1 - r0 <= res;                           // one batch: the rows stay for p * v
+  const bool resident = r1 - r0 <= res;  // one batch: the rows stay for p * v
+  // The scores [head][row]: with one batch in P itself (ld res, this block's rows from 0), which phase 3 overwrites
+  // with the probabilities in place (each thread its own elements), so they never leave the SM; with several
+  // batches in the global scratch (ld max_rows, the block's rows at r0..), since P holds one batch only. (Until
+  // session 29 always the scratch: a store and two dependent L1/L2 reads on the chain.)
+  float* const S = resident ? P : a.scratch + static_cast<int64_t>(h0) * a.max_rows;
+  const int64_t ldS = resident ? res : a.max_rows;
+  const int so = resident ? -r0 : 0;  // row j of the block's rows at S[h * ldS + so + j]
 
   // 1. Scores of the chunk's rows and its (max, sum exp) per head.
   {
@@ -76,35 +89,45 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       att_issue_tile(a, 0, g, r0, min(res, r1 - r0), tile, rp, valid);
       pdl_wait();
     }
-    float4 q[2][kAttMaxD / 128];
-    att_load_q(a, 0, h0, hn, q);
+    float4 q[2][kAttMaxD / 128];  // HB 16: heads warp and warp + 8; else q[0]: head warp % HB
+    const int wq = static_cast<int>(threadIdx.x >> 5) % HB;
+    if constexpr (HB == 16) att_load_q(a, 0, h0, hn, q);
+    else att_load_q1(a, h0, wq, hn, q[0]);
     for (int b0 = r0; b0 < r1; b0 += res) {
       const int nb = min(res, r1 - b0);
       if (b0 != r0) __syncthreads();  // the previous batch's rows are no longer read
       if (b0 != r0 || !a.rows_before_wait) att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
       att_wait_tile();
-      for (int t = 0; t < nb; t += kAttTile)
-        att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, a.max_rows, b0 + t);
+      if constexpr (HB == 16) {
+        for (int t = 0; t < nb; t += kAttTile)
+          att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, ldS, so + b0 + t);
+      } else {
+        for (int rb = static_cast<int>(threadIdx.x >> 5) / HB; rb * 32 < nb; rb += 8 / HB)
+          att_head_scores32(q[0], tile + static_cast<int64_t>(rb) * 32 * a.D, valid + rb * 32, min(32, nb - rb * 32), wq < hn,
+                            D4, scale, S + static_cast<int64_t>(wq) * ldS, so + b0 + rb * 32);
+      }
     }
   }
   __syncthreads();  // this block's S writes are visible to its own threads
-  att_chunk_stats(S + r0, a.max_rows, r1 - r0, hn, stats, 2);
+  att_chunk_stats(S + so + r0, ldS, r1 - r0, hn, stats, 2);
   cluster.sync();  // every chunk's statistics are visible to the cluster
 
   // 2. Global (M, Z) per head: the sink once, then the chunks' (max, sum) in chunk order over lanes (double).
   {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int hh = warp; hh < hn; hh += blockDim.x >> 5) {
+    static_assert(HB <= 16, "phase 2: at most two heads per warp (sink_w0, sink_w1)");
+    for (int hh = warp; hh < hn; hh += 8) {
+      const float sink = hh == warp ? sink_w0 : sink_w1;
       float m = -INFINITY, z = 0.0f;
       if (lane < CL) {
         const float* st = cluster.map_shared_rank(stats, lane);
         m = st[hh * 2], z = st[hh * 2 + 1];
       }
-      const float M = fmaxf(a.sink[h0 + hh], warp_max(m));
+      const float M = fmaxf(sink, warp_max(m));
       const double zz = warp_sum_d(m != -INFINITY ? static_cast<double>(z) * exp(static_cast<double>(m - M)) : 0.0);
       if (lane == 0) {
         Ms[hh] = M;
-        Zs[hh] = exp(static_cast<double>(a.sink[h0 + hh] - M)) + zz;
+        Zs[hh] = exp(static_cast<double>(sink - M)) + zz;
       }
     }
   }
@@ -124,7 +147,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       const int hh = x / nb, r = x % nb;
       float p = 0.0f;
       if (hh < hn) {
-        const float s = S[static_cast<int64_t>(hh) * a.max_rows + b0 + r];
+        const float s = S[static_cast<int64_t>(hh) * ldS + so + b0 + r];
         if (s != -INFINITY) {
           p = static_cast<float>(exp(static_cast<double>(s - Ms[hh])) / Zs[hh]);
           if (a.official) p = bf16r(p);

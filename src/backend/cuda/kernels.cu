@@ -54,7 +54,7 @@ bool switch_on(const char* name) {
   return !(e && std::string(e) == "0");
 }
 // A measurement switch read from the environment once: off unless set to "1".
-bool switch_opt_in(const char* name) {
+[[maybe_unused]] bool switch_opt_in(const char* name) {
   const char* e = std::getenv(name);
   return e && std::string(e) == "1";
 }
@@ -1436,6 +1436,47 @@ __device__ __forceinline__ void att_tile_scores(const float4 (&q)[2][kAttMaxD / 
   if (r < nr && h < hn) dst[static_cast<int64_t>(h) * ld + j_off + r] = valid[r] ? w[0] * scale : -INFINITY;
 }
 
+// The scores of up to 32 rows of the tile for ONE head per warp (the cluster kernel at 4 or 8 heads per block, where
+// att_tile_scores's second head is empty and half of its reduce-scatter adds zeros), q of that head in registers
+// (att_load_q1): dst[j_off + r] = q.k_r / sqrt(D), -inf for skipped rows (on: the warp has a head). Each (head, row)
+// pair's lane partial is att_tile_scores's expression and the reduce-scatter's addition tree does not depend on which
+// lane a pair lands on (the same xor pairing, commutative adds): the same bits.
+__device__ __forceinline__ void att_head_scores32(const float4 (&q)[kAttMaxD / 128], const float* tile, const int* valid,
+                                                  int nr, bool on, int D4, float scale, float* dst, int j_off) {
+  const int lane = threadIdx.x & 31;
+  float w[32];
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    float p = 0.0f;
+    if (r < nr && on) {
+#pragma unroll
+      for (int m = 0; m < kAttMaxD / 128; ++m) {
+        const int e4 = lane + 32 * m;
+        if (e4 < D4) {
+          const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
+          p += q[m].x * k.x + q[m].y * k.y + q[m].z * k.z + q[m].w * k.w;
+        }
+      }
+    }
+    w[r] = p;
+  }
+  att_reduce_scatter_step<16>(w, lane);
+  att_reduce_scatter_step<8>(w, lane);
+  att_reduce_scatter_step<4>(w, lane);
+  att_reduce_scatter_step<2>(w, lane);
+  att_reduce_scatter_step<1>(w, lane);
+  if (lane < nr && on) dst[j_off + lane] = valid[lane] ? w[0] * scale : -INFINITY;
+}
+// q of one head (h0 + h, h < hn; else zeros) into one warp's registers, as att_load_q lays out each head.
+__device__ __forceinline__ void att_load_q1(const AttendArgs& a, int h0, int h, int hn, float4 (&q)[kAttMaxD / 128]) {
+  const int lane = threadIdx.x & 31, D4 = static_cast<int>(a.D / 4);
+#pragma unroll
+  for (int m = 0; m < kAttMaxD / 128; ++m) {
+    const int e4 = lane + 32 * m;
+    q[m] = (h < hn && e4 < D4) ? __ldg(reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0 + h) * a.D) + e4)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
 // q of the warp's two heads into registers (see att_tile_scores).
 __device__ __forceinline__ void att_load_q(const AttendArgs& a, int i, int h0, int hn, float4 (&q)[2][kAttMaxD / 128]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, D4 = static_cast<int>(a.D / 4);
@@ -2991,6 +3032,12 @@ int attend_cluster_16_fits() {
   allow_smem(attend_cluster_rows_kernel<16, 8>, sm);
   DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16, 8>),
                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  allow_smem(attend_cluster_kernel<16, 4>, sm);  // 4 heads per block
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_kernel<16, 4>),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  allow_smem(attend_cluster_rows_kernel<16, 4>, sm);
+  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16, 4>),
+                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(16, 4);
   cfg.blockDim = dim3(256);
@@ -3015,10 +3062,10 @@ int attend_cluster_16_fits() {
 std::atomic<int> g_attend_heads{[] {
   const char* e = std::getenv("DSV4_ATTEND_HEADS");
   const std::string v = e ? e : "8";
-  if (v != "8" && v != "16") fail("DSV4_ATTEND_HEADS must be 8 or 16 (got '", v, "')");
+  if (v != "4" && v != "8" && v != "16") fail("DSV4_ATTEND_HEADS must be 4, 8 or 16 (got '", v, "')");
   return std::stoi(v);
 }()};
-// A cluster launch of kernel template K for H heads at the chosen heads per block (8: only for 16-block clusters): grid
+// A cluster launch of kernel template K for H heads at the chosen heads per block (8 or 4: only for 16-block clusters): grid
 // (cl, head groups, grid_z). A macro: K is a kernel template, instantiated here per (cluster size, heads per block).
 #define DSV4_ATTEND_CLUSTER_LAUNCH(K, cl, H, grid_z, sm, s, ...)                                                    \
   do {                                                                                                          \
@@ -3027,6 +3074,9 @@ std::atomic<int> g_attend_heads{[] {
     if ((cl) == 16 && hb_ == 8) {                                                                               \
       allow_smem(K<16, 8>, sm);                                                                                 \
       launch_clustered(16, K<16, 8>, grid_, 256, sm, s, __VA_ARGS__);                                           \
+    } else if ((cl) == 16 && hb_ == 4) {                                                                        \
+      allow_smem(K<16, 4>, sm);                                                                                 \
+      launch_clustered(16, K<16, 4>, grid_, 256, sm, s, __VA_ARGS__);                                           \
     } else if ((cl) == 16) {                                                                                    \
       allow_smem(K<16>, sm);                                                                                    \
       launch_clustered(16, K<16>, grid_, 256, sm, s, __VA_ARGS__);                                              \
@@ -3058,7 +3108,7 @@ void set_attend_cluster(int size) {
 }
 int attend_cluster_size(int64_t D, int H) { return attend_cluster_for(D, H); }
 void set_attend_heads(int heads) {
-  if (heads != 8 && heads != 16) fail("attention heads per cluster block must be 8 or 16");
+  if (heads != 4 && heads != 8 && heads != 16) fail("attention heads per cluster block must be 4, 8 or 16");
   g_attend_heads.store(heads, std::memory_order_relaxed);
 }
 int attend_heads() { return g_attend_heads.load(std::memory_order_relaxed); }

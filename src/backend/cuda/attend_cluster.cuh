@@ -31,14 +31,16 @@ __host__ __device__ inline size_t att_cl_smem_bytes(int res, int64_t D) {
   return static_cast<size_t>(res) * D * 4 + static_cast<size_t>(kAttHeads) * res * 4 + static_cast<size_t>(res) * (8 + 4);
 }
 
-// HB: heads per block (16, or 8 / 4: twice / four times the blocks -- 8 / 16 clusters of 16 for 64 heads -- each with
-// a half / a quarter of the score and p * v work). At 16 the scores go by att_tile_scores (warp w: heads w and w + 8,
-// 16 rows at a time); at 8 and 4 by att_head_scores32 (warp w: head w % HB, 32 rows at a time, its 32-row blocks
-// w / HB, w / HB + 8 / HB, ...: every reduce-scatter lane useful). Every head's arithmetic is the same either way (the
-// chunks depend on H only, each score is the same dot product and sum tree), so all three give the same bits.
+// HB: heads per block (16, or 8: twice the blocks -- 8 clusters of 16 for 64 heads -- each with half the score and
+// p * v work). At 16 the scores go by att_tile_scores (warp w: heads w and w + 8, 16 rows at a time), at 8 by
+// att_head_scores32 (warp w: head w, 32 rows at a time: every reduce-scatter lane useful; a CSA block's 48 rows in 2
+// passes instead of 3 half-empty ones). Every head's arithmetic is the same either way (the chunks depend on H only,
+// each score is the same dot product and sum tree), so the two give the same bits. (4 heads per block, 16 clusters
+// of 16 for 64 heads, measured +9.4 us per layer, session 29: only 7 such clusters fit an H200 at once at 1 block per
+// SM -- the GPCs with 16 free SMs --, so the launch ran in two waves; removed.)
 template <int CL, int HB>
 __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
-  static_assert(HB == 16 || HB == 8 || HB == 4, "heads per block: 16, 8 or 4");
+  static_assert(HB == 16 || HB == 8, "heads per block: 16 or 8");
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
@@ -89,8 +91,8 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       att_issue_tile(a, 0, g, r0, min(res, r1 - r0), tile, rp, valid);
       pdl_wait();
     }
-    float4 q[2][kAttMaxD / 128];  // HB 16: heads warp and warp + 8; else q[0]: head warp % HB
-    const int wq = static_cast<int>(threadIdx.x >> 5) % HB;
+    float4 q[2][kAttMaxD / 128];  // HB 16: heads warp and warp + 8; HB 8: q[0], head warp
+    const int wq = static_cast<int>(threadIdx.x >> 5);
     if constexpr (HB == 16) att_load_q(a, 0, h0, hn, q);
     else att_load_q1(a, h0, wq, hn, q[0]);
     for (int b0 = r0; b0 < r1; b0 += res) {
@@ -102,7 +104,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
         for (int t = 0; t < nb; t += kAttTile)
           att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, ldS, so + b0 + t);
       } else {
-        for (int rb = static_cast<int>(threadIdx.x >> 5) / HB; rb * 32 < nb; rb += 8 / HB)
+        for (int rb = 0; rb * 32 < nb; ++rb)
           att_head_scores32(q[0], tile + static_cast<int64_t>(rb) * 32 * a.D, valid + rb * 32, min(32, nb - rb * 32), wq < hn,
                             D4, scale, S + static_cast<int64_t>(wq) * ldS, so + b0 + rb * 32);
       }

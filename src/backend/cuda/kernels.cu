@@ -1436,7 +1436,7 @@ __device__ __forceinline__ void att_tile_scores(const float4 (&q)[2][kAttMaxD / 
   if (r < nr && h < hn) dst[static_cast<int64_t>(h) * ld + j_off + r] = valid[r] ? w[0] * scale : -INFINITY;
 }
 
-// The scores of up to 32 rows of the tile for ONE head per warp (the cluster kernel at 4 or 8 heads per block, where
+// The scores of up to 32 rows of the tile for ONE head per warp (the cluster kernel at 8 heads per block, where
 // att_tile_scores's second head is empty and half of its reduce-scatter adds zeros), q of that head in registers
 // (att_load_q1): dst[j_off + r] = q.k_r / sqrt(D), -inf for skipped rows (on: the warp has a head). Each (head, row)
 // pair's lane partial is att_tile_scores's expression and the reduce-scatter's addition tree does not depend on which
@@ -3032,12 +3032,6 @@ int attend_cluster_16_fits() {
   allow_smem(attend_cluster_rows_kernel<16, 8>, sm);
   DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16, 8>),
                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  allow_smem(attend_cluster_kernel<16, 4>, sm);  // 4 heads per block
-  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_kernel<16, 4>),
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  allow_smem(attend_cluster_rows_kernel<16, 4>, sm);
-  DSV4_CU(cudaFuncSetAttribute(reinterpret_cast<const void*>(attend_cluster_rows_kernel<16, 4>),
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(16, 4);
   cfg.blockDim = dim3(256);
@@ -3062,10 +3056,10 @@ int attend_cluster_16_fits() {
 std::atomic<int> g_attend_heads{[] {
   const char* e = std::getenv("DSV4_ATTEND_HEADS");
   const std::string v = e ? e : "8";
-  if (v != "4" && v != "8" && v != "16") fail("DSV4_ATTEND_HEADS must be 4, 8 or 16 (got '", v, "')");
+  if (v != "8" && v != "16") fail("DSV4_ATTEND_HEADS must be 8 or 16 (got '", v, "')");
   return std::stoi(v);
 }()};
-// A cluster launch of kernel template K for H heads at the chosen heads per block (8 or 4: only for 16-block clusters): grid
+// A cluster launch of kernel template K for H heads at the chosen heads per block (8: only for 16-block clusters): grid
 // (cl, head groups, grid_z). A macro: K is a kernel template, instantiated here per (cluster size, heads per block).
 #define DSV4_ATTEND_CLUSTER_LAUNCH(K, cl, H, grid_z, sm, s, ...)                                                    \
   do {                                                                                                          \
@@ -3074,9 +3068,6 @@ std::atomic<int> g_attend_heads{[] {
     if ((cl) == 16 && hb_ == 8) {                                                                               \
       allow_smem(K<16, 8>, sm);                                                                                 \
       launch_clustered(16, K<16, 8>, grid_, 256, sm, s, __VA_ARGS__);                                           \
-    } else if ((cl) == 16 && hb_ == 4) {                                                                        \
-      allow_smem(K<16, 4>, sm);                                                                                 \
-      launch_clustered(16, K<16, 4>, grid_, 256, sm, s, __VA_ARGS__);                                           \
     } else if ((cl) == 16) {                                                                                    \
       allow_smem(K<16>, sm);                                                                                    \
       launch_clustered(16, K<16>, grid_, 256, sm, s, __VA_ARGS__);                                              \
@@ -3108,7 +3099,7 @@ void set_attend_cluster(int size) {
 }
 int attend_cluster_size(int64_t D, int H) { return attend_cluster_for(D, H); }
 void set_attend_heads(int heads) {
-  if (heads != 4 && heads != 8 && heads != 16) fail("attention heads per cluster block must be 4, 8 or 16");
+  if (heads != 8 && heads != 16) fail("attention heads per cluster block must be 8 or 16");
   g_attend_heads.store(heads, std::memory_order_relaxed);
 }
 int attend_heads() { return g_attend_heads.load(std::memory_order_relaxed); }

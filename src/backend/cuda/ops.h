@@ -436,8 +436,8 @@ bool norm_sinkhorn_enabled();
 // attend_cluster_size: the size attend() uses now for head dim D and H heads (0: the split kernels).
 void set_attend_cluster(int size);
 int attend_cluster_size(int64_t D, int H);
-// Heads per block of the 16-block cluster kernel: 8 (default), 16 (half the blocks) or 4 (twice the blocks); the same
-// bits (DSV4_ATTEND_HEADS). attend_cluster16_max_active: how many 16-block clusters of it this GPU holds at once.
+// Heads per block of the 16-block cluster kernel: 8 (default) or 16 (half the blocks, the same bits;
+// DSV4_ATTEND_HEADS). attend_cluster16_max_active: how many 16-block clusters of it this GPU holds at once.
 void set_attend_heads(int heads);
 int attend_heads();
 int attend_cluster16_max_active();

@@ -103,10 +103,7 @@ void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, doubl
   for (int d = 0; d < tp; ++d) devs.push_back(d);
   std::vector<std::vector<std::string>> names;
   for (int d : devs) names.push_back(dsv4::cuda_trace_launch_names(d));
-  std::vector<int> stream_of = dsv4::cuda_trace_launch_streams(0);  // rank 0's launches: the stream of each
-  for (size_t d = 1; d < devs.size(); ++d) (void)dsv4::cuda_trace_launch_streams(devs[d]);  // (cleared)
   const size_t K = names[0].size();
-  if (stream_of.size() != K) stream_of.assign(K, 0);
   if (K < 2) fail("--trace-steps: the recorded decode step launched ", K, " kernels through kernels.cu");
   for (size_t r = 1; r < names.size(); ++r)
     if (names[r] != names[0]) fail("--trace-steps: rank ", r, " launched another kernel sequence than rank 0");
@@ -173,25 +170,6 @@ void print_trace(dsv4::Model& model, dsv4::Backend& be, Step& step, int n, doubl
       std::printf("   ");
       for (size_t rk = 0; rk < t.size(); ++rk) std::printf(" %7.2f", cost[rk][i]);
       std::printf("  %s\n", nm0[i].substr(0, 90).c_str());
-    }
-    // Inside the compressor / indexer fork window the launch-order gaps above interleave parallel branches. Per
-    // stream (rank 0): each kernel's release time from the layer's first, and the gap to the next kernel of the SAME
-    // stream -- its duration (plus launch gap) where that next kernel waits on it alone; a branch's last kernel has
-    // none in the layer ("-"): the join after it releases once every branch is done.
-    auto mean_gap = [&](size_t a, size_t b) {
-      double g = 0.0;
-      for (int r = 0; r < n; ++r) g += gap(0, r * K + a, r * K + b);
-      return g / n;
-    };
-    std::printf("  layer 2 by stream (rank 0; us: release time from the layer's first kernel, then the gap to the next "
-                "kernel of the same stream):\n");
-    std::printf("    %8s %6s %8s  kernel\n", "release", "stream", "->next");
-    for (size_t i = from; i < std::min(K - 1, to); ++i) {
-      size_t nx = i + 1;
-      while (nx < to && stream_of[nx] != stream_of[i]) ++nx;
-      char next[32] = "       -";
-      if (nx < to) std::snprintf(next, sizeof next, "%8.2f", mean_gap(i, nx));
-      std::printf("    %8.2f %6d %s  %s\n", mean_gap(from, i), stream_of[i], next, nm0[i].substr(0, 80).c_str());
     }
   }
 }

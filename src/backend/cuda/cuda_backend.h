@@ -63,7 +63,6 @@ void cuda_profiler_range(bool start);
 // --trace-steps`).
 void cuda_trace_record_launches(bool on);
 std::vector<std::string> cuda_trace_launch_names(int device);
-std::vector<int> cuda_trace_launch_streams(int device);  // each launch's stream (ordinals by first appearance)
 void cuda_trace_begin(int64_t capacity, const std::vector<int>& devices);
 std::vector<uint64_t> cuda_trace_end(int device);
 

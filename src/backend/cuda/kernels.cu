@@ -47,7 +47,6 @@ std::atomic<bool> g_pdl_allowed{true};  // set_pdl(): the tensor-parallel backen
 std::atomic<bool> g_trace_names_on{false};
 std::mutex g_trace_mu;
 std::map<int, std::vector<const void*>> g_trace_funcs;  // per device (under TP: per rank)
-std::map<int, std::vector<cudaStream_t>> g_trace_streams;  // the stream of each of g_trace_funcs' launches
 // An A/B switch read from the environment once: on unless set to "0".
 bool switch_on(const char* name) {
   const char* e = std::getenv(name);
@@ -89,7 +88,6 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, d
     (void)cudaGetDevice(&dev);
     std::lock_guard<std::mutex> lock(g_trace_mu);
     g_trace_funcs[dev].push_back(reinterpret_cast<const void*>(kernel));
-    g_trace_streams[dev].push_back(s);
   }
   DSV4_CU(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
@@ -3922,26 +3920,8 @@ void stream_read(const void* p, size_t bytes, float* sink, cudaStream_t s) {
 // ---- Decode tracing (see trace_point) -----------------------------------------------------------------------------
 void trace_record_launches(bool on) {
   std::lock_guard<std::mutex> lock(g_trace_mu);
-  if (on) g_trace_funcs.clear(), g_trace_streams.clear();
+  if (on) g_trace_funcs.clear();
   g_trace_names_on.store(on, std::memory_order_relaxed);
-}
-
-std::vector<int> trace_launch_streams(int device) {
-  std::vector<cudaStream_t> streams;
-  {
-    std::lock_guard<std::mutex> lock(g_trace_mu);
-    auto it = g_trace_streams.find(device);
-    if (it != g_trace_streams.end()) streams.swap(it->second);
-  }
-  std::vector<cudaStream_t> seen;  // ordinals by first appearance
-  std::vector<int> out;
-  out.reserve(streams.size());
-  for (cudaStream_t st : streams) {
-    auto it = std::find(seen.begin(), seen.end(), st);
-    if (it == seen.end()) it = seen.insert(seen.end(), st);
-    out.push_back(static_cast<int>(it - seen.begin()));
-  }
-  return out;
 }
 
 std::vector<std::string> trace_launch_names(int device) {

@@ -626,9 +626,6 @@ void set_pdl(bool allowed);
 // its own clock: compare durations across devices, not stamps.
 void trace_record_launches(bool on);
 std::vector<std::string> trace_launch_names(int device);
-// The stream of each recorded launch, as ordinals by first appearance (0: the stream of the first launch), in launch
-// order; clears them (call it before or after trace_launch_names: each clears only its own list).
-std::vector<int> trace_launch_streams(int device);
 void trace_begin(int64_t capacity, const std::vector<int>& devices);
 std::vector<uint64_t> trace_end(int device);
 

@@ -495,7 +495,6 @@ namespace dsv4 {
 void cuda_profiler_range(bool start) { DSV4_CU(start ? cudaProfilerStart() : cudaProfilerStop()); }
 void cuda_trace_record_launches(bool on) { cuda::trace_record_launches(on); }
 std::vector<std::string> cuda_trace_launch_names(int device) { return cuda::trace_launch_names(device); }
-std::vector<int> cuda_trace_launch_streams(int device) { return cuda::trace_launch_streams(device); }
 void cuda_trace_begin(int64_t capacity, const std::vector<int>& devices) { cuda::trace_begin(capacity, devices); }
 std::vector<uint64_t> cuda_trace_end(int device) { return cuda::trace_end(device); }
 

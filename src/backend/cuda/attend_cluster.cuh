@@ -136,7 +136,11 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   __syncthreads();
 
   // 3. p * v over the chunk's rows, in row order: thread (dim group gi of 4 dims, head half hf of HB / 2 heads).
+  // HB 8: the probabilities go to P's second half as [row][8] (Pt), so that a thread's 4 heads of a row are one
+  // 16-byte load instead of four (the first half may still hold the scores they are computed from: a resident
+  // block's S); the same values into the same FMAs. HB 16 fills P: [head][row] as before.
   constexpr int HH = HB / 2;
+  [[maybe_unused]] float* const Pt = P + 8 * res;
   const int gi = threadIdx.x % D4, hf = threadIdx.x / D4;
   float4 acc[HH];
 #pragma unroll
@@ -155,16 +159,25 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
           if (a.official) p = bf16r(p);
         }
       }
-      P[hh * res + r] = p;
+      if constexpr (HB == 8) Pt[r * 8 + hh] = p;
+      else P[hh * res + r] = p;
     }
     if (!resident) cp_async_wait<0>();
     __syncthreads();
     if (hf < 2) {
       for (int r = 0; r < nb; ++r) {
         const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
+        float ph[HH];
+        if constexpr (HB == 8) {
+          const float4 p4 = reinterpret_cast<const float4*>(Pt)[r * 2 + hf];  // heads 4 hf .. 4 hf + 3 of row r
+          ph[0] = p4.x, ph[1] = p4.y, ph[2] = p4.z, ph[3] = p4.w;
+        } else {
+#pragma unroll
+          for (int k = 0; k < HH; ++k) ph[k] = P[(hf * HH + k) * res + r];
+        }
 #pragma unroll
         for (int k = 0; k < HH; ++k) {
-          const float p = P[(hf * HH + k) * res + r];
+          const float p = ph[k];
           acc[k].x += p * v.x, acc[k].y += p * v.y, acc[k].z += p * v.z, acc[k].w += p * v.w;
         }
       }

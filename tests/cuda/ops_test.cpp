@@ -643,11 +643,14 @@ TEST(CudaOps, Fp8LinearGroupedWoA) {
 // ---- router top-k with ties at real expert counts ------------------------------------------------------------------
 // Logits on a 0.25 grid (9 values over E experts: dozens of exact ties in the top group) and no bias, so the order
 // (score descending, index ascending) is the logits' order and the CPU can state it exactly: the selection must be
-// the first k of that order, best first (router_kernel's rank count; Flash 256, Pro 384 experts).
+// the first k of that order, best first. Flash 256 and Pro 384 experts at k 6 (route_topk_prefiltered), and the
+// shapes around its limits: 40 experts (six of the eight warps hold none: every expert a candidate), k 8 (its
+// largest), 1,024 experts (4 per lane), k 16 and 1,100 experts (the rank count over all: k > 8, more than 4 experts
+// per lane).
 TEST(CudaOps, RouterTopkTies) {
   std::mt19937 g(5);
-  for (int E : {256, 384}) {
-    const int n = 5, k = 6;
+  for (auto [E, k] : {std::pair{256, 6}, {384, 6}, {40, 6}, {256, 8}, {1024, 8}, {256, 16}, {1100, 6}}) {
+    const int n = 5;
     vector<float> logits(static_cast<size_t>(n * E));
     for (auto& v : logits) v = 0.25f * static_cast<float>(static_cast<int>(g() % 9) - 4);
     DBuf<float> dlog(logits), dwts(static_cast<size_t>(n * k));

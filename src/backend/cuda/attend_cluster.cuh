@@ -43,19 +43,33 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   static_assert(HB == 16 || HB == 8, "heads per block: 16 or 8");
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
+  // Phase stamps (DSV4_PHASE_STAMPS builds only; kernels.cu): 0 entry, 1 past the wait, 2 scores done, 3 stats
+  // shared, 4 (M, Z), 5 probabilities, 6 p * v stored, 7 partials shared, 8 merged, 9 exit.
+  PHASE_DECL;
+  PHASE_MARK(0);
   // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
   // do not wait on its round trip after the wait.
   if (a.dpos) {
     a.pos0 = *a.dpos;
     a.n_comp = (a.pos0 + 1) / a.ratio;
   }
-  // The sinks of the heads phase 2 gives this warp (hh = warp, warp + 8): weights, read before any wait (they were a
-  // dependent global load after the first cluster barrier).
-  const int hw = static_cast<int>(threadIdx.x >> 5);
-  const float sink_w0 = hw < min(HB, a.H - static_cast<int>(blockIdx.y) * HB) ? a.sink[blockIdx.y * HB + hw] : 0.0f;
-  const float sink_w1 = hw + 8 < min(HB, a.H - static_cast<int>(blockIdx.y) * HB) ? a.sink[blockIdx.y * HB + hw + 8] : 0.0f;
-  // a.rows_before_wait: the first batch of rows is requested before pdl_wait (every row predates the previous kernel;
-  // only the query comes from it), so their DRAM round trip overlaps that kernel.
+  // Two small inputs copied into shared memory with the first rows' cp.async group (att_wait_tile completes them)
+  // rather than held in registers across the kernel (at the 2 blocks per SM of the launch bounds, 128 registers):
+  // the block's sinks (they were a dependent global load after the first cluster barrier, session 29) and, in the
+  // one block that stores it (block 0 of head group 0), the window store's row -- a.kv, itself a window row, so it
+  // goes where the rows go: before the wait when they do. It was a dependent load in the last phase, cluster 0's other
+  // blocks waiting for it at the final cluster barrier: ~0.7 us of the kernel (phase stamps, session 30).
+  static_assert(HB <= 16 && kAttMaxD % 4 == 0, "sinks and the window store's row in static shared memory");
+  __shared__ float sink_sm[16];
+  __shared__ float4 kv_sm[kAttMaxD / 4];
+  const bool storer = a.store_ring && blockIdx.x == 0 && blockIdx.y == 0;
+  auto issue_small = [&] {
+    const int hb = min(HB, a.H - static_cast<int>(blockIdx.y) * HB);
+    if (static_cast<int>(threadIdx.x) < hb) cp_async4(sink_sm + threadIdx.x, a.sink + blockIdx.y * HB + threadIdx.x);
+    if (storer && static_cast<int64_t>(threadIdx.x) < a.D / 4)  // kv_back is 0 with the store
+      cp_async16(kv_sm + threadIdx.x, reinterpret_cast<const float4*>(a.kv) + threadIdx.x);
+  };
+  if (a.rows_before_wait) issue_small();
   if (!a.rows_before_wait) pdl_wait();
   extern __shared__ float4 att_cl_smem[];
   float* tile = reinterpret_cast<float*>(att_cl_smem);               // [res][D]; later the partial output [16][D]
@@ -90,11 +104,15 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     if (a.rows_before_wait) {
       att_issue_tile(a, 0, g, r0, min(res, r1 - r0), tile, rp, valid);
       pdl_wait();
+    } else {
+      issue_small();  // committed with the first rows' group below
     }
-    float4 q[2][kAttMaxD / 128];  // HB 16: heads warp and warp + 8; HB 8: q[0], head warp
-    const int wq = static_cast<int>(threadIdx.x >> 5);
+    PHASE_MARK(1);
+    // HB 16: q of heads warp and warp + 8; HB 8: of the 4 heads of half wq % 2 (att_scores_8x4)
+    float4 q[HB == 16 ? 2 : 4][kAttMaxD / 128];
+    const int wq = static_cast<int>(threadIdx.x >> 5), qhf = wq & 1, hq = min(4, hn - 4 * qhf);
     if constexpr (HB == 16) att_load_q(a, 0, h0, hn, q);
-    else att_load_q1(a, h0, wq, hn, q[0]);
+    else att_load_q4(a, h0, qhf, hn, q);
     for (int b0 = r0; b0 < r1; b0 += res) {
       const int nb = min(res, r1 - b0);
       if (b0 != r0) __syncthreads();  // the previous batch's rows are no longer read
@@ -103,23 +121,25 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       if constexpr (HB == 16) {
         for (int t = 0; t < nb; t += kAttTile)
           att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, ldS, so + b0 + t);
-      } else {
-        for (int rb = 0; rb * 32 < nb; ++rb)
-          att_head_scores32(q[0], tile + static_cast<int64_t>(rb) * 32 * a.D, valid + rb * 32, min(32, nb - rb * 32), wq < hn,
-                            D4, scale, S + static_cast<int64_t>(wq) * ldS, so + b0 + rb * 32);
+      } else if (hq > 0) {
+        for (int rg = wq >> 1; rg * 8 < nb; rg += 4)
+          att_scores_8x4(q, tile + static_cast<int64_t>(rg) * 8 * a.D, valid + rg * 8, min(8, nb - rg * 8), hq, D4, scale,
+                         S + static_cast<int64_t>(4 * qhf) * ldS, ldS, so + b0 + rg * 8);
       }
     }
   }
   __syncthreads();  // this block's S writes are visible to its own threads
+  PHASE_MARK(2);
   att_chunk_stats(S + so + r0, ldS, r1 - r0, hn, stats, 2);
   cluster.sync();  // every chunk's statistics are visible to the cluster
+  PHASE_MARK(3);
 
   // 2. Global (M, Z) per head: the sink once, then the chunks' (max, sum) in chunk order over lanes (double).
   {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    static_assert(HB <= 16, "phase 2: at most two heads per warp (sink_w0, sink_w1)");
+    static_assert(HB <= 16, "phase 2: at most two heads per warp");
     for (int hh = warp; hh < hn; hh += 8) {
-      const float sink = hh == warp ? sink_w0 : sink_w1;
+      const float sink = sink_sm[hh];
       float m = -INFINITY, z = 0.0f;
       if (lane < CL) {
         const float* st = cluster.map_shared_rank(stats, lane);
@@ -134,6 +154,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     }
   }
   __syncthreads();
+  PHASE_MARK(4);
 
   // 3. p * v over the chunk's rows, in row order: thread (dim group gi of 4 dims, head half hf of HB / 2 heads).
   // HB 8: the probabilities go to P's second half as [row][8] (Pt), so that a thread's 4 heads of a row are one
@@ -164,6 +185,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     }
     if (!resident) cp_async_wait<0>();
     __syncthreads();
+    PHASE_MARK(5);
     if (hf < 2) {
       for (int r = 0; r < nb; ++r) {
         const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
@@ -189,7 +211,9 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
 #pragma unroll
     for (int k = 0; k < HH; ++k) reinterpret_cast<float4*>(part + static_cast<int64_t>(hf * HH + k) * a.D)[gi] = acc[k];
   }
+  PHASE_MARK(6);
   cluster.sync();  // every chunk's partial output is visible to the cluster
+  PHASE_MARK(7);
 
   // 4. Merge: block c owns pairs of elements of the group's hn x D outputs; each the sum of the chunks' partials in
   // chunk order ([official] BF16), then (derope) the inverse RoPE of a rope pair, exactly as attend_merge_kernel.
@@ -215,16 +239,22 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       reinterpret_cast<float2*>(a.o + (h0 + hh) * a.D)[e / 2] = make_float2(s0, s1);
     }
   }
+  PHASE_MARK(8);
   // The window store of the single token (see attend_merge_kernel: the slot is not read by this step).
-  if (a.store_ring && c == 0 && blockIdx.y == 0) {
-    float* dst = a.store_ring + (a.pos0 % a.window) * a.D;
-    for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) dst[e] = a.kv[e];  // kv_back is 0 with the store
+  if (storer) {
+    float4* dst = reinterpret_cast<float4*>(a.store_ring + (a.pos0 % a.window) * a.D);
+    for (int64_t e = threadIdx.x; e < a.D / 4; e += blockDim.x) dst[e] = kv_sm[e];
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
+  PHASE_MARK(9);
+  PHASE_PRINT("attend_cluster", 10, a.kind);
 }
 
+// Two blocks per SM (at most 128 registers a thread): the 8 clusters of 16 blocks of Flash's 64 heads at 8 per block
+// need 128 blocks, and one GPC of the H200 has fewer than 16 SMs free for them, so at one block per SM only 7
+// clusters are resident and the launch runs in two waves (session 30: 152 registers, attention +11.5 us per layer).
 template <int CL, int HB = 16>
-__global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int res) {
+__global__ void __launch_bounds__(256, 2) attend_cluster_kernel(AttendArgs a, int res) {
   attend_cluster_body<CL, HB>(a, res);
 }
 
@@ -232,7 +262,7 @@ __global__ void __launch_bounds__(256) attend_cluster_kernel(AttendArgs a, int r
 // pointers and position replace a's, the rest (the layer) is shared. Every row is exactly attend_cluster_kernel of
 // that token alone (same chunking, same sums), with the rows' clusters in one launch instead of one launch per row.
 template <int CL, int HB = 16>
-__global__ void __launch_bounds__(256) attend_cluster_rows_kernel(AttendArgs a, int res, AttendBatch rows) {
+__global__ void __launch_bounds__(256, 2) attend_cluster_rows_kernel(AttendArgs a, int res, AttendBatch rows) {
   const AttendRow& r = rows.r[blockIdx.z];
   a.q = r.q, a.kv = r.kv, a.ring = r.ring, a.comp = r.comp, a.topk = r.topk, a.o = r.o, a.store_ring = r.store_ring;
   a.scratch = r.scratch, a.pos0 = r.pos0, a.n_comp = r.n_comp, a.dpos = r.dpos, a.max_rows = r.max_rows;

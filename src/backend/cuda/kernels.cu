@@ -117,6 +117,40 @@ __device__ __forceinline__ void trace_point() {
   const unsigned int i = atomicAdd(&g_trace_n, 1u);
   if (i < g_trace_cap) buf[i] = t;
 }
+// Phase stamps (a measurement build only: -DDSV4_PHASE_STAMPS, e.g. `tools/gpu/check.sh` with a binary built so):
+// block 0's thread 0 of an instrumented kernel reads %globaltimer at its phase boundaries (PHASE_MARK(i), i < 12)
+// and at its end prints the deltas from its entry for the kernel's launches [kPhaseFirst, kPhaseFirst + kPhaseCount)
+// of the process (graph replays included). Where the trace (trace_point) says how long a kernel holds the step,
+// this says in which part of the kernel that time goes. Compiled out otherwise.
+#ifdef DSV4_PHASE_STAMPS
+__device__ unsigned int g_phase_launch = 0;
+constexpr unsigned kPhaseFirst = 400, kPhaseCount = 48;
+struct PhaseStamps {
+  unsigned long long t[12] = {};
+  __device__ __forceinline__ bool mine() const { return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0; }
+  __device__ __forceinline__ void mark(int i) {
+    if (mine()) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t[i]));
+  }
+  __device__ __forceinline__ void print(const char* name, int n, int tag) const {
+    if (!mine()) return;
+    const unsigned id = atomicAdd(&g_phase_launch, 1u);
+    if (id < kPhaseFirst || id >= kPhaseFirst + kPhaseCount) return;
+    printf("[phases] %s tag %d launch %u: +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f us (marks 1..%d from 0)\n",
+           name, tag, id, n > 1 ? (t[1] - t[0]) * 1e-3 : 0.0, n > 2 ? (t[2] - t[0]) * 1e-3 : 0.0,
+           n > 3 ? (t[3] - t[0]) * 1e-3 : 0.0, n > 4 ? (t[4] - t[0]) * 1e-3 : 0.0, n > 5 ? (t[5] - t[0]) * 1e-3 : 0.0,
+           n > 6 ? (t[6] - t[0]) * 1e-3 : 0.0, n > 7 ? (t[7] - t[0]) * 1e-3 : 0.0, n > 8 ? (t[8] - t[0]) * 1e-3 : 0.0,
+           n > 9 ? (t[9] - t[0]) * 1e-3 : 0.0, n > 10 ? (t[10] - t[0]) * 1e-3 : 0.0, n > 11 ? (t[11] - t[0]) * 1e-3 : 0.0,
+           n - 1);
+  }
+};
+#define PHASE_DECL PhaseStamps phase_stamps_
+#define PHASE_MARK(i) phase_stamps_.mark(i)
+#define PHASE_PRINT(name, n, tag) phase_stamps_.print(name, n, tag)
+#else
+#define PHASE_DECL
+#define PHASE_MARK(i)
+#define PHASE_PRINT(name, n, tag)
+#endif
 // Reads a kernel may issue BEFORE pdl_wait: constants (weights, norm weights, RoPE frequencies), data the kernel two or
 // more back in the same stream wrote, and the graph step's position (dpos): the host copies it into its device buffer
 // in stream order before the step's first kernel, and every kernel of the step starts after that one started (docs/
@@ -1434,46 +1468,54 @@ __device__ __forceinline__ void att_tile_scores(const float4 (&q)[2][kAttMaxD / 
   if (r < nr && h < hn) dst[static_cast<int64_t>(h) * ld + j_off + r] = valid[r] ? w[0] * scale : -INFINITY;
 }
 
-// The scores of up to 32 rows of the tile for ONE head per warp (the cluster kernel at 8 heads per block, where
-// att_tile_scores's second head is empty and half of its reduce-scatter adds zeros), q of that head in registers
-// (att_load_q1): dst[j_off + r] = q.k_r / sqrt(D), -inf for skipped rows (on: the warp has a head). Each (head, row)
-// pair's lane partial is att_tile_scores's expression and the reduce-scatter's addition tree does not depend on which
-// lane a pair lands on (the same xor pairing, commutative adds): the same bits.
-__device__ __forceinline__ void att_head_scores32(const float4 (&q)[kAttMaxD / 128], const float* tile, const int* valid,
-                                                  int nr, bool on, int D4, float scale, float* dst, int j_off) {
+// The scores of up to 8 rows of the tile for 4 heads per warp (the cluster kernel at 8 heads per block: warp w takes
+// the heads of half w % 2, 4 hf .. 4 hf + 3, of row groups w / 2, w / 2 + 4, ...), q of those heads in registers
+// (att_load_q4): dst[hh * ld + j_off + r] = q_hh.k_r / sqrt(D), -inf for skipped rows, hh < hq. Each K float4 a lane
+// reads from shared memory feeds its 4 heads: a block reads its rows twice instead of once per head (the scores of a
+// CSA block's 48 rows were ~6 us of the kernel, shared-memory bound at 8 x 48 x 2 KB). Pair (hh, r) on lane
+// 8 hh + r: each pair's lane partial is att_tile_scores's expression, summed over m in the same order, and the
+// reduce-scatter's tree does not depend on the lane a pair lands on -- the same bits as one head per warp (and as
+// 16 heads per block).
+__device__ __forceinline__ void att_scores_8x4(const float4 (&q)[4][kAttMaxD / 128], const float* tile, const int* valid,
+                                               int nr, int hq, int D4, float scale, float* dst, int64_t ld, int j_off) {
   const int lane = threadIdx.x & 31;
   float w[32];
 #pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    float p = 0.0f;
-    if (r < nr && on) {
+  for (int i = 0; i < 32; ++i) w[i] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    if (r < nr) {
 #pragma unroll
       for (int m = 0; m < kAttMaxD / 128; ++m) {
         const int e4 = lane + 32 * m;
         if (e4 < D4) {
           const float4 k = reinterpret_cast<const float4*>(tile)[r * D4 + e4];
-          p += q[m].x * k.x + q[m].y * k.y + q[m].z * k.z + q[m].w * k.w;
+#pragma unroll
+          for (int hh = 0; hh < 4; ++hh)
+            if (hh < hq) w[hh * 8 + r] += q[hh][m].x * k.x + q[hh][m].y * k.y + q[hh][m].z * k.z + q[hh][m].w * k.w;
         }
       }
     }
-    w[r] = p;
   }
   att_reduce_scatter_step<16>(w, lane);
   att_reduce_scatter_step<8>(w, lane);
   att_reduce_scatter_step<4>(w, lane);
   att_reduce_scatter_step<2>(w, lane);
   att_reduce_scatter_step<1>(w, lane);
-  if (lane < nr && on) dst[j_off + lane] = valid[lane] ? w[0] * scale : -INFINITY;
+  const int hh = lane >> 3, r = lane & 7;
+  if (r < nr && hh < hq) dst[static_cast<int64_t>(hh) * ld + j_off + r] = valid[r] ? w[0] * scale : -INFINITY;
 }
-// q of one head (h0 + h, h < hn; else zeros) into one warp's registers, as att_load_q lays out each head.
-__device__ __forceinline__ void att_load_q1(const AttendArgs& a, int h0, int h, int hn, float4 (&q)[kAttMaxD / 128]) {
+// q of heads h0 + 4 hf .. + 3 (those < hn; else zeros) into one warp's registers, as att_load_q lays out each head.
+__device__ __forceinline__ void att_load_q4(const AttendArgs& a, int h0, int hf, int hn, float4 (&q)[4][kAttMaxD / 128]) {
   const int lane = threadIdx.x & 31, D4 = static_cast<int>(a.D / 4);
 #pragma unroll
-  for (int m = 0; m < kAttMaxD / 128; ++m) {
-    const int e4 = lane + 32 * m;
-    q[m] = (h < hn && e4 < D4) ? __ldg(reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0 + h) * a.D) + e4)
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  for (int hh = 0; hh < 4; ++hh)
+#pragma unroll
+    for (int m = 0; m < kAttMaxD / 128; ++m) {
+      const int h = 4 * hf + hh, e4 = lane + 32 * m;
+      q[hh][m] = (h < hn && e4 < D4) ? __ldg(reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0 + h) * a.D) + e4)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
 }
 // q of the warp's two heads into registers (see att_tile_scores).
 __device__ __forceinline__ void att_load_q(const AttendArgs& a, int i, int h0, int hn, float4 (&q)[2][kAttMaxD / 128]) {
@@ -1743,7 +1785,71 @@ __device__ __forceinline__ void route_load_bias(const RouterArgs& a, float* sm) 
   if (a.bias)
     for (int e = threadIdx.x; e < a.E; e += blockDim.x) sm[2 * a.E + e] = a.bias[e];
 }
-__device__ __forceinline__ void route_token(const RouterArgs& a, int t, float* sm, double* red, int* sel) {
+// The score-routed top-k over a prefiltered set (route_topk_prefiltered; DSV4_ROUTER_PREFILTER=0: the rank count in
+// route_token over all E, A/B). The rank count alone had every thread compare its expert with all E biased scores
+// (256 x 256 for Flash): ~2 us after the router's wait where a hash layer's routing takes ~2 us in all (phase stamps,
+// session 30; k rounds of warp maxima were no faster: ~2k dependent reductions). Here: T = the k-th largest of the 8
+// warps' maxima is at most the k-th largest score (k warps hold a score >= T each), so the top k are among the
+// scores >= T -- typically little more than k of them -- and the same rank count over just those candidates (score
+// descending, ties to the lower index; order_key orders floats as < does, +0 and -0 alike) gives the same
+// selection, best first. kRouteLane experts per lane of the kRouteThreads block at most, k <= kRouteMaxK.
+constexpr int kRouteLane = 4, kRouteMaxK = 8, kRouteThreads = 256, kRouteWarps = kRouteThreads / 32;
+static_assert(kRouteMaxK <= kRouteWarps, "the threshold is the k-th of the warps' maxima");
+struct RouteTopkSmem {
+  uint32_t wmax[kRouteWarps];
+  int count;
+  uint32_t key[kRouteLane * kRouteThreads];
+  int idx[kRouteLane * kRouteThreads];
+};
+// b: the E biased scores in shared memory; sel: the k picks, best first. All threads of the block call it; sel is
+// final after a barrier.
+__device__ __forceinline__ void route_topk_prefiltered(const float* b, int E, int k, RouteTopkSmem& t, int* sel) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  uint32_t key[kRouteLane];
+  uint32_t mine = 0;
+#pragma unroll
+  for (int i = 0; i < kRouteLane; ++i) {
+    const int e = static_cast<int>(threadIdx.x) + i * kRouteThreads;
+    key[i] = e < E ? order_key(b[e]) : 0u;
+    if (e < E) mine = max(mine, key[i]);
+  }
+  const uint32_t wm = __reduce_max_sync(0xffffffffu, mine);  // a warp without experts: 0, the lowest threshold
+  if (lane == 0) t.wmax[w] = wm;
+  if (threadIdx.x == 0) t.count = 0;
+  __syncthreads();
+  // T: the smallest warp maximum with fewer than k strictly greater ones, i.e. the k-th largest with multiplicity.
+  uint32_t T = 0xFFFFFFFFu;
+#pragma unroll
+  for (int i = 0; i < kRouteWarps; ++i) {
+    int above = 0;
+#pragma unroll
+    for (int j = 0; j < kRouteWarps; ++j) above += t.wmax[j] > t.wmax[i];
+    if (above < k) T = min(T, t.wmax[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kRouteLane; ++i) {
+    const int e = static_cast<int>(threadIdx.x) + i * kRouteThreads;
+    const bool cand = e < E && key[i] >= T;
+    const unsigned bal = __ballot_sync(0xffffffffu, cand);
+    int base = 0;
+    if (lane == 0 && bal) base = atomicAdd(&t.count, __popc(bal));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (cand) {
+      const int slot = base + __popc(bal & ((1u << lane) - 1u));
+      t.key[slot] = key[i], t.idx[slot] = e;
+    }
+  }
+  __syncthreads();
+  const int C = t.count;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const uint32_t kc = t.key[c];
+    const int ic = t.idx[c];
+    int rank = 0;
+    for (int d = 0; d < C; ++d) rank += t.key[d] > kc || (t.key[d] == kc && t.idx[d] < ic);
+    if (rank < k) sel[rank] = ic;
+  }
+}
+__device__ __forceinline__ void route_token(const RouterArgs& a, int t, float* sm, double* red, int* sel, RouteTopkSmem* tk) {
   const int E = a.E, k = a.k;
   const float* lg = a.logits + static_cast<int64_t>(t) * E;
   float* s = sm;
@@ -1771,6 +1877,8 @@ __device__ __forceinline__ void route_token(const RouterArgs& a, int t, float* s
   __syncthreads();
   if (a.tid2eid) {
     for (int j = threadIdx.x; j < k; j += blockDim.x) sel[j] = a.tid2eid[static_cast<int64_t>(a.ids[t]) * k + j];
+  } else if (tk) {  // route_topk_ok
+    route_topk_prefiltered(b, E, k, *tk, sel);
   } else {
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
       int rank = 0;
@@ -1779,18 +1887,22 @@ __device__ __forceinline__ void route_token(const RouterArgs& a, int t, float* s
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  // Slot j's weight by thread j, each summing the same k scores in the same order (the same bits as one thread
+  // doing all k: six dependent double divisions in a row were ~0.3 us of the routing).
+  if (static_cast<int>(threadIdx.x) < k) {
+    const int j = threadIdx.x;
     double sum = 0.0;
-    for (int j = 0; j < k; ++j) sum += s[sel[j]];
-    for (int j = 0; j < k; ++j) {
-      const float sj = s[sel[j]];
-      a.sel[t * k + j] = sel[j];
-      a.wts[t * k + j] = static_cast<float>(a.norm_topk ? sj / sum : static_cast<double>(sj)) * a.scaling;
-    }
+    for (int i = 0; i < k; ++i) sum += s[sel[i]];
+    const float sj = s[sel[j]];
+    a.sel[t * k + j] = sel[j];
+    a.wts[t * k + j] = static_cast<float>(a.norm_topk ? sj / sum : static_cast<double>(sj)) * a.scaling;
   }
 }
 
-__global__ void router_kernel(RouterArgs a) {
+__host__ __device__ __forceinline__ bool route_topk_ok(const RouterArgs& a) {
+  return a.k <= kRouteMaxK && a.E <= kRouteLane * kRouteThreads && !a.tid2eid;
+}
+__global__ void router_kernel(RouterArgs a, bool prefilter) {
   if (static_cast<int>(blockIdx.x) == a.n) {  // RouterArgs::comb: the FFN pre's deferred comb, beside the routing
     finish_deferred_comb(a.comb);
     return;
@@ -1798,10 +1910,16 @@ __global__ void router_kernel(RouterArgs a) {
   extern __shared__ float sm[];  // s[E], biased[E], bias[E]
   __shared__ double red[32];
   __shared__ int sel[64];
+  __shared__ RouteTopkSmem tk;
   // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
+  PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait, 2 routed
+  PHASE_MARK(0);
   route_load_bias(a, sm);
   pdl_wait();
-  route_token(a, static_cast<int>(blockIdx.x), sm, red, sel);
+  PHASE_MARK(1);
+  route_token(a, static_cast<int>(blockIdx.x), sm, red, sel, prefilter ? &tk : nullptr);
+  PHASE_MARK(2);
+  PHASE_PRINT("router", 3, prefilter ? 1 : 0);
 }
 
 __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt, bool official) {
@@ -3259,6 +3377,7 @@ void window_store(const float* kv, int n, int64_t pos0, int window, int64_t D, f
 namespace {
 std::atomic<bool> g_router_sinkhorn_on{switch_on("DSV4_ROUTER_SINKHORN")};
 std::atomic<bool> g_norm_sinkhorn_on{switch_on("DSV4_NORM_SINKHORN")};
+std::atomic<bool> g_router_prefilter_on{switch_on("DSV4_ROUTER_PREFILTER")};  // route_topk_prefiltered (default on)
 }  // namespace
 void set_norm_sinkhorn(bool on) { g_norm_sinkhorn_on.store(on, std::memory_order_relaxed); }
 bool norm_sinkhorn_enabled() { return g_norm_sinkhorn_on.load(std::memory_order_relaxed); }
@@ -3270,7 +3389,8 @@ void router(const RouterArgs& a, cudaStream_t s) {
   const size_t sm = static_cast<size_t>(a.E) * 12;
   if (a.comb.comb && a.n != 1) fail("router: the deferred comb's Sinkhorn takes one token");
   set_smem(reinterpret_cast<const void*>(router_kernel), sm);
-  launch(router_kernel, a.n + (a.comb.comb ? 1 : 0), 256, sm, s, a);
+  const bool prefilter = g_router_prefilter_on.load(std::memory_order_relaxed) && route_topk_ok(a);
+  launch(router_kernel, a.n + (a.comb.comb ? 1 : 0), kRouteThreads, sm, s, a, prefilter);
   DSV4_LAUNCHED();
 }
 

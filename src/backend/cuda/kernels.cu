@@ -3167,8 +3167,9 @@ int attend_cluster_16_fits() {
 // Heads per 16-block cluster's block (attend_cluster.cuh): 8 by default -- twice the blocks (128 for Flash's 64 heads
 // on one GPU), each with half the score and p * v work; measured (docs/BENCHMARKS.md, session 27, one H200, 20 layers,
 // alternating runs) 167.3 / 166.2 / 165.5 vs 168.5 / 168.4 / 170.5 us per layer with 16 (run 2), 161.7 / 161.8 vs
-// 164.3 / 164.2 with the later changes (run 7); the CSA attention 24.0 vs 26.3 us, though only 7 such clusters are
-// resident at once. DSV4_ATTEND_HEADS=16: the 64-block launch (A/B).
+// 164.3 / 164.2 with the later changes (run 7); the CSA attention 24.0 vs 26.3 us. All 8 of Flash's clusters are
+// resident at once only at 2 blocks per SM (the kernels' launch bounds; at one, 7 fit and the launch ran in two
+// waves: session 30). DSV4_ATTEND_HEADS=16: the 64-block launch (A/B).
 std::atomic<int> g_attend_heads{[] {
   const char* e = std::getenv("DSV4_ATTEND_HEADS");
   const std::string v = e ? e : "8";

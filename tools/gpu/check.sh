@@ -13,7 +13,7 @@
 # and, with 2+ GPUs, Flash 43 layers TP2; BENCH_SYNTH=none skips; SYNTH_TIMEOUT=S limits each, default 420);
 # PROFILE_DECODE=1 adds tools/gpu/profile_decode.sh (per-kernel time of a decode step under ncu); TRACE=1 the in-graph
 # per-kernel trace (dsv4 bench --trace-steps); AB="DSV4_X DSV4_Y=V" the 20-layer bench once per entry (a bare name: set to 0;
-# AB_LAYERS=N other depths, AB_PROMPT="T1 T2 ..." prompt tokens, one A/B per size, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; AB_BIN=PATH [AB_BIN_ENV=...] alternates this binary with another one; PROBE=tools/gpu/probes/X.cu builds and runs that probe;
+# AB_LAYERS=N other depths, AB_PROMPT="T1 T2 ..." prompt tokens, one A/B per size, AB_REPS=N repeats); AB_TP likewise with --tp 2 on two GPUs; AB_BIN=PATH [AB_BIN_ENV=...] alternates this binary with another one; PHASE_BIN=PATH runs a phase-stamp binary (tools/gpu/phase_build.sh); PROBE=tools/gpu/probes/X.cu builds and runs that probe;
 # PACK=1 leaves only summary.md and one archive in $OUT. With 2+ GPUs the TP tests are required to run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -195,6 +195,14 @@ if [ -n "${AB_BIN:-}" ]; then
       note "- A/B binaries (${AB_LAYERS}L, ${prompt}-token prompt, rep $rep) this: $(ab_line "$OUT/abbin_this_p${prompt}_r$rep.log")"
     done
   done
+fi
+# PHASE_BIN=PATH: a phase-stamp binary (tools/gpu/phase_build.sh) on the 20-layer bench; its [phases] lines in
+# phases.log and their medians per kernel (tools/gpu/phase_summary.py) in the summary.
+if [ -n "${PHASE_BIN:-}" ]; then
+  phase_prompt=${AB_PROMPT:-2048}
+  step phases 150 "$PHASE_BIN" bench --synthetic flash --layers "$AB_LAYERS" --context 8192 --prompt "${phase_prompt%% *}"
+  note "- phase stamps ($PHASE_BIN):"
+  note "$(python3 "$ROOT/tools/gpu/phase_summary.py" "$OUT/phases.log" 2>&1)"
 fi
 # AB_TP="VAR1 VAR2=V ...": the same A/B on two GPUs (Flash 20 layers, --tp 2), where there are two; AB_REPS as above.
 if [ -n "${AB_TP:-}" ] && [ "${NGPU:-1}" -ge 2 ]; then

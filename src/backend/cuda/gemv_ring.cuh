@@ -223,6 +223,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   static_assert(!F16R || MMA_ONLY, "the f16 routed walk is instantiated on the MMA-only kernel");
   static_assert(!XROWS || F16R, "several x rows: the f16 walk only");
   const int x_rows = XROWS ? a.x_rows : 1;
+  // (DSV4_PHASE_STAMPS builds, the MMA walks; block 0's warp 0) 0 entry, 1 gate/up's first (shared) walk done, 2
+  // the selection read, 3 the routed walk done, 4 down's second (shared) walk done; tag 1 gate/up, 0 down
+  PHASE_DECL;
+  PHASE_MARK(0);
   if constexpr (MMA_ONLY) {
     if (mma == 0 || (has_sh && mma != 2)) __trap();  // a launch this variant has no walk for: an error, never a wrong result
   }
@@ -401,11 +405,13 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
     if (has_sh && once) walk_shared(std::true_type{}, Role1{});  // stages both inputs and reads the selection
     else if (has_sh) walk_shared(std::true_type{}, Role0{});
     else pdl_wait();
+    PHASE_MARK(1);
   }
   if (!(GATE_UP && once)) {
     load_selection();
     __syncthreads();
   }
+  PHASE_MARK(2);
   const int64_t K = GATE_UP ? a.d : a.I, rows = GATE_UP ? a.I : a.d;
   if constexpr (F == kFP4) {
     if (mma) {
@@ -481,10 +487,13 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         mma_walk<!GATE_UP, 4, false, false, F16R>(gwm, nwm, nt_m, K, ring, rows_of, xcode, xscale, flush_m, stage_m, parts,
                                                   rw % parts, rw / parts, 5, !(GATE_UP && once));
       }
+      PHASE_MARK(3);
       if constexpr (!GATE_UP) {
         if (has_sh && once) walk_shared(std::false_type{}, Role2{});
         else if (has_sh) walk_shared(std::false_type{}, Role0{});
       }
+      PHASE_MARK(4);
+      PHASE_PRINT("expert_ring", GATE_UP ? 1 : 0);
       return;
     }
   }

@@ -117,39 +117,59 @@ __device__ __forceinline__ void trace_point() {
   const unsigned int i = atomicAdd(&g_trace_n, 1u);
   if (i < g_trace_cap) buf[i] = t;
 }
-// Phase stamps (a measurement build only: -DDSV4_PHASE_STAMPS, e.g. `tools/gpu/check.sh` with a binary built so):
-// block 0's thread 0 of an instrumented kernel reads %globaltimer at its phase boundaries (PHASE_MARK(i), i < 12)
-// and at its end prints the deltas from its entry for the kernel's launches [kPhaseFirst, kPhaseFirst + kPhaseCount)
-// of the process (graph replays included). Where the trace (trace_point) says how long a kernel holds the step,
-// this says in which part of the kernel that time goes. Compiled out otherwise.
+// Phase stamps (a measurement build only: cmake -DDSV4_PHASE_STAMPS=ON, which defines DSV4_PHASE_STAMPS for this file;
+// tools/gpu/phase_build.sh builds such a binary beside the normal one, check.sh PHASE_BIN=... runs it): one thread of
+// block 0 of an instrumented kernel (thread 0, or PHASE_DECL_AT's) reads %globaltimer at the kernel's phase
+// boundaries (PHASE_MARK(i), i < 12; mark 0 first) and at its end prints the deltas from mark 0 for launches
+// [kPhaseFirst, kPhaseFirst + kPhaseCount) of the process's instrumented launches (graph replays included;
+// tools/gpu/phase_summary.py takes medians). Where the trace (trace_point) says how long a kernel holds the step,
+// this says in which part of it that time goes. Compiled out otherwise: no code, no cost.
 #ifdef DSV4_PHASE_STAMPS
 __device__ unsigned int g_phase_launch = 0;
-constexpr unsigned kPhaseFirst = 400, kPhaseCount = 48;
+constexpr unsigned kPhaseFirst = 6000, kPhaseCount = 1200;
 struct PhaseStamps {
   unsigned long long t[12] = {};
-  __device__ __forceinline__ bool mine() const { return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0; }
-  __device__ __forceinline__ void mark(int i) {
-    if (mine()) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t[i]));
+  int n = 0;
+  unsigned owner = 0;
+  __device__ __forceinline__ bool mine() const {
+    return (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && threadIdx.x == owner && threadIdx.y == 0 && threadIdx.z == 0;
   }
-  __device__ __forceinline__ void print(const char* name, int n, int tag) const {
+  __device__ __forceinline__ void mark(int i) {
+    if (!mine()) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t[i]));
+    n = n > i + 1 ? n : i + 1;
+  }
+  __device__ __forceinline__ void print(const char* name, long long tag) const {
     if (!mine()) return;
     const unsigned id = atomicAdd(&g_phase_launch, 1u);
     if (id < kPhaseFirst || id >= kPhaseFirst + kPhaseCount) return;
-    printf("[phases] %s tag %d launch %u: +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f +%.2f us (marks 1..%d from 0)\n",
-           name, tag, id, n > 1 ? (t[1] - t[0]) * 1e-3 : 0.0, n > 2 ? (t[2] - t[0]) * 1e-3 : 0.0,
-           n > 3 ? (t[3] - t[0]) * 1e-3 : 0.0, n > 4 ? (t[4] - t[0]) * 1e-3 : 0.0, n > 5 ? (t[5] - t[0]) * 1e-3 : 0.0,
-           n > 6 ? (t[6] - t[0]) * 1e-3 : 0.0, n > 7 ? (t[7] - t[0]) * 1e-3 : 0.0, n > 8 ? (t[8] - t[0]) * 1e-3 : 0.0,
-           n > 9 ? (t[9] - t[0]) * 1e-3 : 0.0, n > 10 ? (t[10] - t[0]) * 1e-3 : 0.0, n > 11 ? (t[11] - t[0]) * 1e-3 : 0.0,
-           n - 1);
+    double d[12];
+#pragma unroll
+    for (int i = 1; i < 12; ++i) d[i] = i < n && t[i] != 0 ? static_cast<double>(t[i] - t[0]) * 1e-3 : -1.0;  // -1: not reached
+    printf("[phases] %s tag %lld launch %u marks %d: %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", name, tag,
+           id, n - 1, d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11]);
   }
 };
 #define PHASE_DECL PhaseStamps phase_stamps_
+#define PHASE_DECL_AT(thread) \
+  PhaseStamps phase_stamps_;  \
+  phase_stamps_.owner = (thread)
 #define PHASE_MARK(i) phase_stamps_.mark(i)
-#define PHASE_PRINT(name, n, tag) phase_stamps_.print(name, n, tag)
+#define PHASE_PRINT(name, tag) phase_stamps_.print(name, tag)
+// A second timeline in the same kernel (another thread's: hc_finish's collapse warps beside warp 0).
+#define PHASE_DECL2(v, thread) \
+  PhaseStamps v;               \
+  v.owner = (thread)
+#define PHASE_MARK2(v, i) v.mark(i)
+#define PHASE_PRINT2(v, name, tag) v.print(name, tag)
 #else
 #define PHASE_DECL
+#define PHASE_DECL_AT(thread)
 #define PHASE_MARK(i)
-#define PHASE_PRINT(name, n, tag)
+#define PHASE_PRINT(name, tag)
+#define PHASE_DECL2(v, thread)
+#define PHASE_MARK2(v, i)
+#define PHASE_PRINT2(v, name, tag)
 #endif
 // Reads a kernel may issue BEFORE pdl_wait: constants (weights, norm weights, RoPE frequencies), data the kernel two or
 // more back in the same stream wrote, and the graph step's position (dpos): the host copies it into its device buffer
@@ -481,14 +501,18 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   float* v = sm;
   float* ws = sm + len;                         // the norm weight, when there is one
   float* fs = ws + (a.do_norm && a.w ? len : 0);  // the RoPE inverse frequencies
+  PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait, 2 the row landed, 3 stored; tag: the length
+  PHASE_MARK(0);
   if (a.do_norm && a.w) block_copy_async(ws, a.w, len);
   block_copy_async(fs, a.inv_freq, R / 2);
   pdl_wait();
+  PHASE_MARK(1);
   const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
   block_copy_async(v, x, len);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
+  PHASE_MARK(2);
   if (a.round_x) block_round_bf16(v, len);
   if (a.do_norm) {
     block_rms(v, len, a.w ? ws : nullptr, a.eps, red);
@@ -501,6 +525,8 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   if (a.official && a.sim8_block > 0) block_fake_quant(v, nope, a.sim8_block, 8);
   float* y = a.y + row * a.len;
   for (int i = threadIdx.x; i < len; i += blockDim.x) y[i] = v[i];
+  PHASE_MARK(3);
+  PHASE_PRINT("norm_rope", a.len);
 }
 
 // norm_rope for many rows (prefill: the queries' 64 heads per token, 524K rows of 512 in an 8K chunk): one WARP per
@@ -1919,7 +1945,7 @@ __global__ void router_kernel(RouterArgs a, bool prefilter) {
   PHASE_MARK(1);
   route_token(a, static_cast<int>(blockIdx.x), sm, red, sel, prefilter ? &tk : nullptr);
   PHASE_MARK(2);
-  PHASE_PRINT("router", 3, prefilter ? 1 : 0);
+  PHASE_PRINT("router", prefilter ? 1 : 0);
 }
 
 __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt, bool official) {

@@ -472,6 +472,8 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
                                                            HcPreArgs a, int nmix, int nslices, float* partial, HcCombIn ci,
                                                            int tpb, MoeSlots slots) {
   __shared__ float red[4][kHcPostMix + 1];
+  PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 comb ready (before the wait), 2 past the wait, 3 done
+  PHASE_MARK(0);
   const int sl = blockIdx.x, hc = a.hc, k = threadIdx.x >> 5;
   const int64_t d = a.d, nf = hc * d;
   const int64_t j = static_cast<int64_t>(sl) * kHcSliceCols + (threadIdx.x & 31) * 4;
@@ -485,7 +487,9 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
   const bool deferred = ci.sinkhorn_iters >= 0;
   float cl[4][4];
   if (deferred) hc_comb_from_logits(comb, 0, ci.eps, ci.sinkhorn_iters, cl);
+  PHASE_MARK(1);
   pdl_wait();
+  PHASE_MARK(2);
   const int t1 = min(a.n, static_cast<int>(blockIdx.y + 1) * tpb);
   for (int t = blockIdx.y * tpb; t < t1; ++t) {
     float* Xt = X + t * nf;
@@ -527,6 +531,8 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
     hc_slice_partials<kHcPostMix>(f, xv, 0, nmix, true, red, out);
     __syncthreads();  // red is rewritten by the next token
   }
+  PHASE_MARK(3);
+  PHASE_PRINT("hc_post_mix", deferred ? 1 : 0);
 }
 
 // The Sinkhorn of comb (hc_finish_kernel's warp 0), HC = hc_mult as a constant: every lane holds the whole HC x HC
@@ -573,6 +579,12 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
   const int64_t d = a.d, nf = hc * d;
   const float* Xt = a.X + t * nf;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // (DSV4_PHASE_STAMPS builds, decode's split path) warp 0 (ph0) and the first collapse warp (ph1): 0 entry, 1 past
+  // the wait, 2 partials staged, 3 pre out, 4 done
+  PHASE_DECL2(ph0, 0);
+  PHASE_DECL2(ph1, 32);
+  PHASE_MARK2(ph0, 0);
+  PHASE_MARK2(ph1, 0);
   // Split path (hc <= 4, d % 4 == 0, d <= 16 * (threads - 32)): warp 0 computes the mHC coefficients; the collapse
   // needs only `pre`, so once that is out warps 1.. collapse the streams and apply the RMSNorm while warp 0 runs the
   // ~20 serial Sinkhorn iterations for comb (read only by the next hc_post): the two chains overlap instead of adding
@@ -602,6 +614,8 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
     }
   }
   pdl_wait();
+  PHASE_MARK2(ph0, 1);
+  PHASE_MARK2(ph1, 1);
   const int npart = nslices * (kHcMaxMix + 1);
   float* xs = xin + ((std::max<int64_t>(d, npart) + 3) & ~int64_t{3});  // SX: the streams [hc][d]
   if constexpr (SX) {
@@ -627,6 +641,8 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
     for (int i = threadIdx.x; i < npart; i += blockDim.x) xin[i] = partial[static_cast<int64_t>(t) * npart + i];
   }
   __syncthreads();
+  PHASE_MARK2(ph0, 2);
+  PHASE_MARK2(ph1, 2);
   if (warp == 0) {
     // Lane r < nmix: mix row r; every lane also sums the squares. Slices summed in double in four interleaved chains
     // (slice % 4), then the chains in a fixed order: a dependent double add costs ~35 cycles here (probe), and the
@@ -658,9 +674,13 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
   }
   if constexpr (SX) cp_async_wait<0>();  // this thread's stream copies; the barrier publishes everyone's
   __syncthreads();  // pre is out; warp 0 is done with the staged partials before xin is reused below
+  PHASE_MARK2(ph0, 3);
+  PHASE_MARK2(ph1, 3);
   if (pf) {
     if (warp == 0) {
       if (!a.head) hc_sinkhorn(a, t, mix, sc_comb, b_comb);
+      PHASE_MARK2(ph0, 4);
+      PHASE_PRINT2(ph0, "hc_finish_w0", a.head ? 1 : 0);
       return;  // no block-wide barrier follows: the collapse threads synchronise on named barrier 1 among themselves
     }
     // Same arithmetic as the loops below (collapse in stream order, [official] BF16, x * r * w), from registers.
@@ -715,6 +735,8 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
       }
       reinterpret_cast<float4*>(x)[g] = make_float4(o[0], o[1], o[2], o[3]);
     }
+    PHASE_MARK2(ph1, 4);
+    PHASE_PRINT2(ph1, "hc_finish_collapse", a.head ? 1 : 0);
     return;
   }
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {

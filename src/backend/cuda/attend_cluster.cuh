@@ -43,8 +43,9 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   static_assert(HB == 16 || HB == 8, "heads per block: 16 or 8");
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  // Phase stamps (DSV4_PHASE_STAMPS builds only; kernels.cu): 0 entry, 1 past the wait, 2 scores done, 3 stats
-  // shared, 4 (M, Z), 5 probabilities, 6 p * v stored, 7 partials shared, 8 merged, 9 exit.
+  // Phase stamps (DSV4_PHASE_STAMPS builds only; kernels.cu): 0 entry, 1 past the wait, 2 the first batch's rows
+  // landed, 3 scores done, 4 stats shared, 5 (M, Z), 6 probabilities, 7 p * v stored, 8 partials shared, 9 merged,
+  // 10 exit.
   PHASE_DECL;
   PHASE_MARK(0);
   // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
@@ -118,6 +119,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       if (b0 != r0) __syncthreads();  // the previous batch's rows are no longer read
       if (b0 != r0 || !a.rows_before_wait) att_issue_tile(a, 0, g, b0, nb, tile, rp, valid);
       att_wait_tile();
+      if (b0 == r0) PHASE_MARK(2);
       if constexpr (HB == 16) {
         for (int t = 0; t < nb; t += kAttTile)
           att_tile_scores(q, tile + static_cast<int64_t>(t) * a.D, valid + t, min(kAttTile, nb - t), hn, D4, scale, S, ldS, so + b0 + t);
@@ -129,10 +131,10 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     }
   }
   __syncthreads();  // this block's S writes are visible to its own threads
-  PHASE_MARK(2);
+  PHASE_MARK(3);
   att_chunk_stats(S + so + r0, ldS, r1 - r0, hn, stats, 2);
   cluster.sync();  // every chunk's statistics are visible to the cluster
-  PHASE_MARK(3);
+  PHASE_MARK(4);
 
   // 2. Global (M, Z) per head: the sink once, then the chunks' (max, sum) in chunk order over lanes (double).
   {
@@ -154,7 +156,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     }
   }
   __syncthreads();
-  PHASE_MARK(4);
+  PHASE_MARK(5);
 
   // 3. p * v over the chunk's rows, in row order: thread (dim group gi of 4 dims, head half hf of HB / 2 heads).
   // HB 8: the probabilities go to P's second half as [row][8] (Pt), so that a thread's 4 heads of a row are one
@@ -185,7 +187,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
     }
     if (!resident) cp_async_wait<0>();
     __syncthreads();
-    PHASE_MARK(5);
+    PHASE_MARK(6);
     if (hf < 2) {
       for (int r = 0; r < nb; ++r) {
         const float4 v = reinterpret_cast<const float4*>(tile)[r * D4 + gi];
@@ -211,9 +213,9 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
 #pragma unroll
     for (int k = 0; k < HH; ++k) reinterpret_cast<float4*>(part + static_cast<int64_t>(hf * HH + k) * a.D)[gi] = acc[k];
   }
-  PHASE_MARK(6);
-  cluster.sync();  // every chunk's partial output is visible to the cluster
   PHASE_MARK(7);
+  cluster.sync();  // every chunk's partial output is visible to the cluster
+  PHASE_MARK(8);
 
   // 4. Merge: block c owns pairs of elements of the group's hn x D outputs; each the sum of the chunks' partials in
   // chunk order ([official] BF16), then (derope) the inverse RoPE of a rope pair, exactly as attend_merge_kernel.
@@ -239,14 +241,14 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       reinterpret_cast<float2*>(a.o + (h0 + hh) * a.D)[e / 2] = make_float2(s0, s1);
     }
   }
-  PHASE_MARK(8);
+  PHASE_MARK(9);
   // The window store of the single token (see attend_merge_kernel: the slot is not read by this step).
   if (storer) {
     float4* dst = reinterpret_cast<float4*>(a.store_ring + (a.pos0 % a.window) * a.D);
     for (int64_t e = threadIdx.x; e < a.D / 4; e += blockDim.x) dst[e] = kv_sm[e];
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
-  PHASE_MARK(9);
+  PHASE_MARK(10);
   PHASE_PRINT("attend_cluster", a.kind);
 }
 

@@ -165,11 +165,19 @@ struct PhaseStamps {
 #else
 #define PHASE_DECL
 #define PHASE_DECL_AT(thread)
-#define PHASE_MARK(i)
-#define PHASE_PRINT(name, tag)
+#define PHASE_MARK(i) \
+  do {                \
+  } while (0)
+#define PHASE_PRINT(name, tag) \
+  do {                         \
+  } while (0)
 #define PHASE_DECL2(v, thread)
-#define PHASE_MARK2(v, i)
-#define PHASE_PRINT2(v, name, tag)
+#define PHASE_MARK2(v, i) \
+  do {                    \
+  } while (0)
+#define PHASE_PRINT2(v, name, tag) \
+  do {                             \
+  } while (0)
 #endif
 // Reads a kernel may issue BEFORE pdl_wait: constants (weights, norm weights, RoPE frequencies), data the kernel two or
 // more back in the same stream wrote, and the graph step's position (dpos): the host copies it into its device buffer

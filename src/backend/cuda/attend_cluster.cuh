@@ -71,7 +71,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       cp_async16(kv_sm + threadIdx.x, reinterpret_cast<const float4*>(a.kv) + threadIdx.x);
   };
   if (a.rows_before_wait) issue_small();
-  if (!a.rows_before_wait) pdl_wait();
+  else pdl_wait();
   extern __shared__ float4 att_cl_smem[];
   float* tile = reinterpret_cast<float*>(att_cl_smem);               // [res][D]; later the partial output [16][D]
   float* P = tile + static_cast<int64_t>(res) * a.D;                 // [16][res]
@@ -139,7 +139,6 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   // 2. Global (M, Z) per head: the sink once, then the chunks' (max, sum) in chunk order over lanes (double).
   {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    static_assert(HB <= 16, "phase 2: at most two heads per warp");
     for (int hh = warp; hh < hn; hh += 8) {
       const float sink = sink_sm[hh];
       float m = -INFINITY, z = 0.0f;

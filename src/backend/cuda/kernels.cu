@@ -119,7 +119,7 @@ __device__ __forceinline__ void trace_point() {
 }
 // Phase stamps (a measurement build only: cmake -DDSV4_PHASE_STAMPS=ON, which defines DSV4_PHASE_STAMPS for this file;
 // tools/gpu/phase_build.sh builds such a binary beside the normal one, check.sh PHASE_BIN=... runs it): one thread of
-// block 0 of an instrumented kernel (thread 0, or PHASE_DECL_AT's) reads %globaltimer at the kernel's phase
+// block 0 of an instrumented kernel (thread 0, or PHASE_DECL2's) reads %globaltimer at the kernel's phase
 // boundaries (PHASE_MARK(i), i < 12; mark 0 first) and at its end prints the deltas from mark 0 for launches
 // [kPhaseFirst, kPhaseFirst + kPhaseCount) of the process's instrumented launches (graph replays included;
 // tools/gpu/phase_summary.py takes medians). Where the trace (trace_point) says how long a kernel holds the step,
@@ -151,9 +151,6 @@ struct PhaseStamps {
   }
 };
 #define PHASE_DECL PhaseStamps phase_stamps_
-#define PHASE_DECL_AT(thread) \
-  PhaseStamps phase_stamps_;  \
-  phase_stamps_.owner = (thread)
 #define PHASE_MARK(i) phase_stamps_.mark(i)
 #define PHASE_PRINT(name, tag) phase_stamps_.print(name, tag)
 // A second timeline in the same kernel (another thread's: hc_finish's collapse warps beside warp 0).
@@ -164,7 +161,6 @@ struct PhaseStamps {
 #define PHASE_PRINT2(v, name, tag) v.print(name, tag)
 #else
 #define PHASE_DECL
-#define PHASE_DECL_AT(thread)
 #define PHASE_MARK(i) \
   do {                \
   } while (0)

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <cxxabi.h>
@@ -65,6 +66,9 @@ bool pdl_enabled() {
   return env_on && g_pdl_allowed.load(std::memory_order_relaxed);
 }
 // cluster_x > 0: thread-block clusters of cluster_x blocks along x (the grid's x a multiple of it).
+#ifdef DSV4_PHASE_STAMPS
+void phase_window_init();  // Phase stamps (below): the recorded launch window, once per process
+#endif
 template <typename... KArgs, typename... Args>
 void launch_clustered(unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                       Args&&... args) {
@@ -83,6 +87,9 @@ void launch_clustered(unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, d
     attr[1].val.clusterDim.x = cluster_x, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
     cfg.numAttrs = 2;
   }
+#ifdef DSV4_PHASE_STAMPS
+  phase_window_init();
+#endif
   if (g_trace_names_on.load(std::memory_order_relaxed)) {
     int dev = -1;
     (void)cudaGetDevice(&dev);
@@ -120,45 +127,114 @@ __device__ __forceinline__ void trace_point() {
 // Phase stamps (a measurement build only: cmake -DDSV4_PHASE_STAMPS=ON, which defines DSV4_PHASE_STAMPS for this file;
 // tools/gpu/phase_build.sh builds such a binary beside the normal one, check.sh PHASE_BIN=... runs it): one thread of
 // block 0 of an instrumented kernel (thread 0, or PHASE_DECL2's) reads %globaltimer at the kernel's phase
-// boundaries (PHASE_MARK(i), i < 12; mark 0 first) and at its end prints the deltas from mark 0 for launches
-// [kPhaseFirst, kPhaseFirst + kPhaseCount) of the process's instrumented launches (graph replays included;
-// tools/gpu/phase_summary.py takes medians). Where the trace (trace_point) says how long a kernel holds the step,
-// this says in which part of it that time goes. Compiled out otherwise: no code, no cost.
+// boundaries (PHASE_MARK(i), i < 12; mark 0 first) and at its end records them for launches
+// [first, first + kPhaseCount) of the process's instrumented launches (graph replays included; first =
+// DSV4_PHASE_FIRST, default 6000) in a device buffer, which the process prints at exit (phase_dump: mark 0 as
+// nanoseconds, the others as us after it; tools/gpu/phase_summary.py takes medians and a timeline). Where the trace
+// (trace_point) says how long a kernel holds the step, this says in which part of it that time goes. (Until session
+// 31 each launch printf'ed its line itself: that held every recorded kernel ~50 us at its end, so the launches in
+// the window ran ~5x slower than a step and the time between kernels meant nothing.) Compiled out otherwise.
 #ifdef DSV4_PHASE_STAMPS
+// The instrumented kernels' names (PHASE_PRINT's name: one of these, as a string literal).
+constexpr const char* kPhaseNames[] = {"attend_cluster", "router",       "gemv_tc",            "expert_ring",
+                                       "hc_post_mix",    "hc_finish_w0", "hc_finish_collapse", "norm_rope",
+                                       "compressor",     "indexer_q",    "idx_topk_scorer",    "idx_topk_topk"};
+constexpr int kPhaseNameCount = static_cast<int>(sizeof(kPhaseNames) / sizeof(kPhaseNames[0]));
+constexpr bool phase_name_eq(const char* a, const char* b) {
+  for (; *a && *a == *b; ++a, ++b) {
+  }
+  return *a == *b;
+}
+constexpr int phase_name_id(const char* name) {
+  for (int i = 0; i < kPhaseNameCount; ++i)
+    if (phase_name_eq(kPhaseNames[i], name)) return i;
+  return -1;
+}
+constexpr unsigned kPhaseCount = 1200;
+struct PhaseRecord {
+  int name = 0, n = 0;
+  long long tag = 0;
+  unsigned long long t[12] = {};
+};
 __device__ unsigned int g_phase_launch = 0;
-constexpr unsigned kPhaseFirst = 6000, kPhaseCount = 1200;
+__device__ unsigned int g_phase_first = 6000;
+__device__ PhaseRecord g_phase_rec[kPhaseCount];
+void phase_dump() {
+  std::vector<PhaseRecord> rec(kPhaseCount);
+  unsigned launches = 0, first = 0;
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&launches, g_phase_launch, sizeof(launches)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(&first, g_phase_first, sizeof(first)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(rec.data(), g_phase_rec, sizeof(PhaseRecord) * kPhaseCount) != cudaSuccess) {
+    std::fprintf(stderr, "[phases] could not read the stamps back\n");
+    return;
+  }
+  std::printf("[phases] %u instrumented launches, recorded from %u\n", launches, first);
+  for (unsigned i = 0; i < kPhaseCount && first + i < launches; ++i) {
+    const PhaseRecord& r = rec[i];
+    const char* name = r.name >= 0 && r.name < kPhaseNameCount ? kPhaseNames[r.name] : "?";
+    std::printf("[phases] %s tag %lld launch %u t0 %llu marks %d:", name, r.tag, first + i, r.t[0], r.n - 1);
+    for (int k = 1; k < 12; ++k)  // -1: not reached
+      std::printf(" %.2f", k < r.n && r.t[k] != 0 ? static_cast<double>(r.t[k] - r.t[0]) * 1e-3 : -1.0);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+// Once per process, at the first launch: the window's start from DSV4_PHASE_FIRST and the dump at exit (registered
+// after the CUDA runtime's own teardown, so it runs before it).
+void phase_window_init() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const char* e = std::getenv("DSV4_PHASE_FIRST")) {
+      const unsigned first = static_cast<unsigned>(std::strtoul(e, nullptr, 10));
+      DSV4_CU(cudaMemcpyToSymbol(g_phase_first, &first, sizeof(first)));
+    }
+    std::atexit(phase_dump);
+  });
+}
 struct PhaseStamps {
   unsigned long long t[12] = {};
   int n = 0;
   unsigned owner = 0;
+  int block = -1;  // PHASE_BLOCK: the recording block chosen at run time (marks are then taken in every block)
   __device__ __forceinline__ bool mine() const {
-    return (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && threadIdx.x == owner && threadIdx.y == 0 && threadIdx.z == 0;
+    return (block >= 0 || (blockIdx.x | blockIdx.y | blockIdx.z) == 0) && threadIdx.x == owner && threadIdx.y == 0 &&
+           threadIdx.z == 0;
   }
   __device__ __forceinline__ void mark(int i) {
     if (!mine()) return;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t[i]));
     n = n > i + 1 ? n : i + 1;
   }
-  __device__ __forceinline__ void print(const char* name, long long tag) const {
-    if (!mine()) return;
+  __device__ __forceinline__ void record(int name, long long tag) const {
+    if (!mine() || block == 0) return;
     const unsigned id = atomicAdd(&g_phase_launch, 1u);
-    if (id < kPhaseFirst || id >= kPhaseFirst + kPhaseCount) return;
-    double d[12];
+    if (id < g_phase_first || id - g_phase_first >= kPhaseCount) return;
+    PhaseRecord& r = g_phase_rec[id - g_phase_first];
+    r.name = name, r.n = n, r.tag = tag;
 #pragma unroll
-    for (int i = 1; i < 12; ++i) d[i] = i < n && t[i] != 0 ? static_cast<double>(t[i] - t[0]) * 1e-3 : -1.0;  // -1: not reached
-    printf("[phases] %s tag %lld launch %u marks %d: %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", name, tag,
-           id, n - 1, d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11]);
+    for (int i = 0; i < 12; ++i) r.t[i] = t[i];
   }
+};
+template <int Id>
+struct PhaseNameId {
+  static_assert(Id >= 0, "PHASE_PRINT: a name missing from kPhaseNames");
+  static constexpr int value = Id;
 };
 #define PHASE_DECL PhaseStamps phase_stamps_
 #define PHASE_MARK(i) phase_stamps_.mark(i)
-#define PHASE_PRINT(name, tag) phase_stamps_.print(name, tag)
+#define PHASE_PRINT(name, tag) phase_stamps_.record(PhaseNameId<phase_name_id(name)>::value, tag)
 // A second timeline in the same kernel (another thread's: hc_finish's collapse warps beside warp 0).
 #define PHASE_DECL2(v, thread) \
   PhaseStamps v;               \
   v.owner = (thread)
+// A timeline recorded by the block for which cond holds (known only at run time: the fused top-k's roles); every
+// block takes the marks, only that one records.
+#define PHASE_DECL_ANY(v) \
+  PhaseStamps v;          \
+  v.block = 0
+#define PHASE_BLOCK(v, cond) v.block = (cond) ? 1 : 0
 #define PHASE_MARK2(v, i) v.mark(i)
-#define PHASE_PRINT2(v, name, tag) v.print(name, tag)
+#define PHASE_PRINT2(v, name, tag) v.record(PhaseNameId<phase_name_id(name)>::value, tag)
 #else
 #define PHASE_DECL
 #define PHASE_MARK(i) \
@@ -168,6 +244,10 @@ struct PhaseStamps {
   do {                         \
   } while (0)
 #define PHASE_DECL2(v, thread)
+#define PHASE_DECL_ANY(v)
+#define PHASE_BLOCK(v, cond) \
+  do {                       \
+  } while (0)
 #define PHASE_MARK2(v, i) \
   do {                    \
   } while (0)
@@ -733,8 +813,11 @@ __device__ __forceinline__ void comp_finish(const CompressorArgs& a, float* entr
 // state columns j (and c + j when overlapping), so the per-token state writes need no synchronisation; the emitted
 // entry is finished block-wide (norm, RoPE, quantization simulation).
 __global__ void compressor_kernel(CompressorArgs a) {
+  PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait, 2 done; tag: the entry width
+  PHASE_MARK(0);
   const int64_t pos0 = a.dpos ? *a.dpos : a.pos0;  // before the wait: a step constant (see pdl_wait)
   pdl_wait();
+  PHASE_MARK(1);
   extern __shared__ float entry[];
   __shared__ double red[32];
   const int m = a.ratio;
@@ -795,6 +878,8 @@ __global__ void compressor_kernel(CompressorArgs a) {
     ++emitted;
     __syncthreads();
   }
+  PHASE_MARK(2);
+  PHASE_PRINT("compressor", a.width);
 }
 
 // Prefill: every entry the chunk emits is independent of the others (it pools a fixed window of positions), so each
@@ -879,7 +964,10 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
   const int pairs = static_cast<int>(R / 2);
   const bool pair_per_thread = pairs <= static_cast<int>(blockDim.x);
   const float f = pair_per_thread && static_cast<int>(threadIdx.x) < pairs ? inv_freq[threadIdx.x] : 0.0f;
+  PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry (after the constants' requests), 1 past the wait, 2 done
+  PHASE_MARK(0);
   pdl_wait();
+  PHASE_MARK(1);
   extern __shared__ float v[];
   const int row = blockIdx.x;
   float* qh = q + row * Di;
@@ -901,6 +989,8 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
     block_fake_quant(v, n, 32, 4);
   }
   for (int i = threadIdx.x; i < n; i += blockDim.x) qh[i] = v[i];
+  PHASE_MARK(2);
+  PHASE_PRINT("indexer_q", Di);
 }
 
 // indexer_q_kernel for many rows (prefill: 64 heads per token, 524K rows of 128 in an 8K chunk): a WARP per row in
@@ -1300,12 +1390,20 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
 constexpr int kIdxFusedKeys = 16, kIdxFusedActive = 256;
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(IndexerTopkArgs a, int nscore, int P,
                                                                          int cache) {
+  // (DSV4_PHASE_STAMPS builds) ph: the scoring block with ticket 0 -- 0 entry, 1 past the wait, 2 ticket, 3 scored;
+  // pt: the first top-k block -- 0 entry, 1 past the wait, 2 ticket, 3 every score counted, 4 top-k stored.
+  PHASE_DECL_ANY(ph);
+  PHASE_DECL_ANY(pt);
+  PHASE_MARK2(ph, 0);
+  PHASE_MARK2(pt, 0);
   int64_t pos0 = a.pos0, n_keys = a.n_keys;
   if (a.dpos) {  // graph mode, as indexer_scores_v2 (one token)
     pos0 = *a.dpos;  // before the wait: a step constant (see pdl_wait)
     n_keys = (pos0 + 1) / a.ratio;
   }
   pdl_wait();
+  PHASE_MARK2(ph, 1);
+  PHASE_MARK2(pt, 1);
   extern __shared__ __align__(16) float4 fsm[];  // the scores' staging, later the top-k's candidates and row
   __shared__ int s_ticket;
   int* const ticket_ctr = a.counters;
@@ -1314,6 +1412,10 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
   if (threadIdx.x == 0) s_ticket = atomicAdd(ticket_ctr, 1);
   __syncthreads();
   const int ticket = s_ticket;
+  PHASE_BLOCK(ph, ticket == 0);
+  PHASE_BLOCK(pt, ticket == nscore);
+  PHASE_MARK2(ph, 2);
+  PHASE_MARK2(pt, 2);
   if (ticket < nscore) {
     const int64_t visible = (pos0 + 1) / a.ratio;
     const int64_t key_end = min(min(a.ld, visible), n_keys);
@@ -1323,6 +1425,8 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
     __threadfence();  // each writer's scores visible device-wide before the block counts itself
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(scored_ctr, 1);
+    PHASE_MARK2(ph, 3);
+    PHASE_PRINT2(ph, "idx_topk_scorer", nscore);
     return;
   }
   if (threadIdx.x == 0) {
@@ -1330,9 +1434,12 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
     __threadfence();
   }
   __syncthreads();
+  PHASE_MARK2(pt, 3);
   topk_radix_row(a.scores, a.ld, pos0, a.ratio, a.k, P, cache, a.topk, 0, ticket - nscore, kTopkSplit,
                  reinterpret_cast<unsigned long long*>(fsm));
   __syncthreads();
+  PHASE_MARK2(pt, 4);
+  PHASE_PRINT2(pt, "idx_topk_topk", nscore);
   if (threadIdx.x == 0 && atomicAdd(done_ctr, 1) == kTopkSplit - 1) {
     // Every block has taken its ticket (the top-k blocks were the last) and every top-k block is done.
     atomicExch(ticket_ctr, 0);

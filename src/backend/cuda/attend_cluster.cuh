@@ -248,7 +248,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
   PHASE_MARK(10);
-  PHASE_PRINT("attend_cluster", a.kind);
+  PHASE_RECORD("attend_cluster", a.kind);
 }
 
 // Two blocks per SM (at most 128 registers a thread): the 8 clusters of 16 blocks of Flash's 64 heads at 8 per block

@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
         else if (has_sh) walk_shared(std::false_type{}, Role0{});
       }
       PHASE_MARK(4);
-      PHASE_PRINT("expert_ring", GATE_UP ? 1 : 0);
+      PHASE_RECORD("expert_ring", GATE_UP ? 1 : 0);
       return;
     }
   }

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   }
   cp_async_wait<0>();
   PHASE_MARK(4);
-  PHASE_PRINT("gemv_tc", out);
+  PHASE_RECORD("gemv_tc", out);
 }
 
 // The multi-token version (batched decode: 2 <= a.n <= kTcgMaxN tokens, rows of x at a.ldx, of y at a.ldy): the same

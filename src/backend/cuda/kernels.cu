@@ -135,7 +135,7 @@ __device__ __forceinline__ void trace_point() {
 // 31 each launch printf'ed its line itself: that held every recorded kernel ~50 us at its end, so the launches in
 // the window ran ~5x slower than a step and the time between kernels meant nothing.) Compiled out otherwise.
 #ifdef DSV4_PHASE_STAMPS
-// The instrumented kernels' names (PHASE_PRINT's name: one of these, as a string literal).
+// The instrumented kernels' names (PHASE_RECORD's name: one of these, as a string literal).
 constexpr const char* kPhaseNames[] = {"attend_cluster", "router",       "gemv_tc",            "expert_ring",
                                        "hc_post_mix",    "hc_finish_w0", "hc_finish_collapse", "norm_rope",
                                        "compressor",     "indexer_q",    "idx_topk_scorer",    "idx_topk_topk"};
@@ -217,12 +217,12 @@ struct PhaseStamps {
 };
 template <int Id>
 struct PhaseNameId {
-  static_assert(Id >= 0, "PHASE_PRINT: a name missing from kPhaseNames");
+  static_assert(Id >= 0, "PHASE_RECORD: a name missing from kPhaseNames");
   static constexpr int value = Id;
 };
 #define PHASE_DECL PhaseStamps phase_stamps_
 #define PHASE_MARK(i) phase_stamps_.mark(i)
-#define PHASE_PRINT(name, tag) phase_stamps_.record(PhaseNameId<phase_name_id(name)>::value, tag)
+#define PHASE_RECORD(name, tag) phase_stamps_.record(PhaseNameId<phase_name_id(name)>::value, tag)
 // A second timeline in the same kernel (another thread's: hc_finish's collapse warps beside warp 0).
 #define PHASE_DECL2(v, thread) \
   PhaseStamps v;               \
@@ -234,13 +234,13 @@ struct PhaseNameId {
   v.block = 0
 #define PHASE_BLOCK(v, cond) v.block = (cond) ? 1 : 0
 #define PHASE_MARK2(v, i) v.mark(i)
-#define PHASE_PRINT2(v, name, tag) v.record(PhaseNameId<phase_name_id(name)>::value, tag)
+#define PHASE_RECORD2(v, name, tag) v.record(PhaseNameId<phase_name_id(name)>::value, tag)
 #else
 #define PHASE_DECL
 #define PHASE_MARK(i) \
   do {                \
   } while (0)
-#define PHASE_PRINT(name, tag) \
+#define PHASE_RECORD(name, tag) \
   do {                         \
   } while (0)
 #define PHASE_DECL2(v, thread)
@@ -251,7 +251,7 @@ struct PhaseNameId {
 #define PHASE_MARK2(v, i) \
   do {                    \
   } while (0)
-#define PHASE_PRINT2(v, name, tag) \
+#define PHASE_RECORD2(v, name, tag) \
   do {                             \
   } while (0)
 #endif
@@ -610,7 +610,7 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   float* y = a.y + row * a.len;
   for (int i = threadIdx.x; i < len; i += blockDim.x) y[i] = v[i];
   PHASE_MARK(3);
-  PHASE_PRINT("norm_rope", a.len);
+  PHASE_RECORD("norm_rope", a.len);
 }
 
 // norm_rope for many rows (prefill: the queries' 64 heads per token, 524K rows of 512 in an 8K chunk): one WARP per
@@ -879,7 +879,7 @@ __global__ void compressor_kernel(CompressorArgs a) {
     __syncthreads();
   }
   PHASE_MARK(2);
-  PHASE_PRINT("compressor", a.width);
+  PHASE_RECORD("compressor", a.width);
 }
 
 // Prefill: every entry the chunk emits is independent of the others (it pools a fixed window of positions), so each
@@ -990,7 +990,7 @@ __global__ void indexer_q_kernel(float* q, int heads, int64_t Di, int64_t R, con
   }
   for (int i = threadIdx.x; i < n; i += blockDim.x) qh[i] = v[i];
   PHASE_MARK(2);
-  PHASE_PRINT("indexer_q", Di);
+  PHASE_RECORD("indexer_q", Di);
 }
 
 // indexer_q_kernel for many rows (prefill: 64 heads per token, 524K rows of 128 in an 8K chunk): a WARP per row in
@@ -1426,7 +1426,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(scored_ctr, 1);
     PHASE_MARK2(ph, 3);
-    PHASE_PRINT2(ph, "idx_topk_scorer", nscore);
+    PHASE_RECORD2(ph, "idx_topk_scorer", nscore);
     return;
   }
   if (threadIdx.x == 0) {
@@ -1439,7 +1439,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
                  reinterpret_cast<unsigned long long*>(fsm));
   __syncthreads();
   PHASE_MARK2(pt, 4);
-  PHASE_PRINT2(pt, "idx_topk_topk", nscore);
+  PHASE_RECORD2(pt, "idx_topk_topk", nscore);
   if (threadIdx.x == 0 && atomicAdd(done_ctr, 1) == kTopkSplit - 1) {
     // Every block has taken its ticket (the top-k blocks were the last) and every top-k block is done.
     atomicExch(ticket_ctr, 0);
@@ -2056,7 +2056,7 @@ __global__ void router_kernel(RouterArgs a, bool prefilter) {
   PHASE_MARK(1);
   route_token(a, static_cast<int>(blockIdx.x), sm, red, sel, prefilter ? &tk : nullptr);
   PHASE_MARK(2);
-  PHASE_PRINT("router", prefilter ? 1 : 0);
+  PHASE_RECORD("router", prefilter ? 1 : 0);
 }
 
 __device__ __forceinline__ float swiglu1(float g, float u, float lim, float wgt, bool official) {

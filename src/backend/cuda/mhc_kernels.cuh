@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(128) hc_post_mix_kernel(const float* y, const 
     __syncthreads();  // red is rewritten by the next token
   }
   PHASE_MARK(3);
-  PHASE_PRINT("hc_post_mix", deferred ? 1 : 0);
+  PHASE_RECORD("hc_post_mix", deferred ? 1 : 0);
 }
 
 // The Sinkhorn of comb (hc_finish_kernel's warp 0), HC = hc_mult as a constant: every lane holds the whole HC x HC
@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
     if (warp == 0) {
       if (!a.head) hc_sinkhorn(a, t, mix, sc_comb, b_comb);
       PHASE_MARK2(ph0, 4);
-      PHASE_PRINT2(ph0, "hc_finish_w0", a.head ? 1 : 0);
+      PHASE_RECORD2(ph0, "hc_finish_w0", a.head ? 1 : 0);
       return;  // no block-wide barrier follows: the collapse threads synchronise on named barrier 1 among themselves
     }
     // Same arithmetic as the loops below (collapse in stream order, [official] BF16, x * r * w), from registers.
@@ -736,7 +736,7 @@ __global__ void __launch_bounds__(512, SX ? 2 : 1) hc_finish_kernel(HcPreArgs a,
       reinterpret_cast<float4*>(x)[g] = make_float4(o[0], o[1], o[2], o[3]);
     }
     PHASE_MARK2(ph1, 4);
-    PHASE_PRINT2(ph1, "hc_finish_collapse", a.head ? 1 : 0);
+    PHASE_RECORD2(ph1, "hc_finish_collapse", a.head ? 1 : 0);
     return;
   }
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {

@@ -395,6 +395,8 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_expert_stage_batch(on);
     cuda::set_indexer_fused(on);
     cuda::set_wqb_stack(on);
+    cuda::set_comp_beside(on);
+    cuda::set_topk_main(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;
@@ -442,6 +444,16 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         cuda::set_wqb_stack(true);
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " two wq_b GEMVs: rel L2 "
+            << rel_l2(got, want);
+        // Everything on but the indexer's scores + top-k on its side branch (DSV4_TOPK_MAIN=0).
+        cuda::set_topk_main(false);
+        {
+          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+          got = decode_logits(m, ids, 9);
+        }
+        cuda::set_topk_main(true);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " top-k on its branch: rel L2 "
             << rel_l2(got, want);
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.

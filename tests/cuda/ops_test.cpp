@@ -210,6 +210,17 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
     EXPECT_EQ(0, std::memcmp(dyf.get().data(), dy.get().data(), ref.size() * 4)) << "GEMM with qa8_x vs qa8_rows + GEMM";
   }
   expect_close(dy.get(), ref, official, (std::string(weight_format_name(fmt)) + " linear " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n) + (gemm ? " (GEMM)" : "")).c_str());
+  if (n == 1 && cu::gemv_ring_eligible(W, a)) {
+    // LinearArgs::beside (a side branch's GEMV): the 256-thread kernel without a K split instead of the ring kernel,
+    // which must give the ring's bits.
+    cu::LinearArgs b = a;
+    b.beside = true;
+    EXPECT_FALSE(cu::gemv_ring_eligible(W, b));
+    DBuf<float> db(ref.size());
+    b.y = db.p;
+    cu::linear(W, b, nullptr);
+    EXPECT_EQ(0, std::memcmp(db.get().data(), dy.get().data(), ref.size() * 4)) << "beside vs the ring kernel, " << out << "x" << in;
+  }
   if (gemm) {
     // Before the BF16 output rounding, the GEMM and the GEMV compute the same fp32 function and differ only by
     // summation order (and the tensor cores' fp32 accumulation, which is not round-to-nearest): measured on the H200
@@ -1845,9 +1856,10 @@ TEST(CudaOps, TopkExactTies) {
   std::mt19937 g(77);
   struct Case {
     int64_t ld;
-    int k, distinct;  // distinct 0: normal floats
+    int k, distinct;  // distinct 0: normal floats; -1: normal floats rounded to BF16 (official scores: ties of both
+                      // signs, the low key bits constant per sign, so the top-k skips its last radix pass)
   };
-  for (const Case c : {Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
+  for (const Case c : {Case{2048, 512, -1}, Case{4096, 512, -1}, Case{70000, 512, -1}, Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
                        Case{4096, 512, 100000}, Case{8192, 512, 0}, Case{70000, 512, 13}, Case{70000, 512, 0},
                        Case{513, 512, 4}, Case{513, 512, 0}, Case{300, 512, 5}, Case{5000, 4, 3}, Case{3000, 2048, 0}})
     for (const int n : {2, 6}) {
@@ -1857,8 +1869,9 @@ TEST(CudaOps, TopkExactTies) {
       std::normal_distribution<float> nd(0.0f, 3.0f);
       vector<float> sc(static_cast<size_t>(n * c.ld));
       for (auto& v : sc) {
-        if (c.distinct == 0) {
+        if (c.distinct <= 0) {
           v = nd(g);
+          if (c.distinct < 0) num::round_bf16(&v, 1);
           continue;
         }
         const int p = pick(g);

@@ -47,6 +47,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   // landed, 3 scores done, 4 stats shared, 5 (M, Z), 6 probabilities, 7 p * v stored, 8 partials shared, 9 merged,
   // 10 exit.
   PHASE_DECL;
+  BLOCK_STAMPS_DECL;
   PHASE_MARK(0);
   // The step's position first, before any wait (a step constant: kernels.cu, pdl_wait), so that the rows' addresses
   // do not wait on its round trip after the wait.
@@ -109,6 +110,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
       issue_small();  // committed with the first rows' group below
     }
     PHASE_MARK(1);
+    BLOCK_STAMPS_WAITED;
     // HB 16: q of heads warp and warp + 8; HB 8: of the 4 heads of half wq % 2 (att_scores_8x4)
     float4 q[HB == 16 ? 2 : 4][kAttMaxD / 128];
     const int wq = static_cast<int>(threadIdx.x >> 5), qhf = wq & 1, hq = min(4, hn - 4 * qhf);
@@ -249,6 +251,7 @@ __device__ __forceinline__ void attend_cluster_body(AttendArgs& a, int res) {
   cluster.sync();  // no block leaves while another still reads its shared memory
   PHASE_MARK(10);
   PHASE_RECORD("attend_cluster", a.kind);
+  BLOCK_STAMPS_END("attend_cluster");
 }
 
 // Two blocks per SM (at most 128 registers a thread): the 8 clusters of 16 blocks of Flash's 64 heads at 8 per block

@@ -813,7 +813,9 @@ class CudaBackend final : public Backend {
     if (n == 1 && C.wkv_wgate.w) {  // one GEMV over the stored pair: [K | Z]
       K = scratch(slot, static_cast<size_t>(2 * W));
       Z = K + W;
-      plain(C.wkv_wgate, x, 1, K);
+      // The main compressor's pair (2 x 1,024 rows on a CSA layer) beside the other branches' kernels (LinearArgs::
+      // beside), forked or not, so that its bits do not depend on the fork; DSV4_COMP_BESIDE=0: the ring kernel.
+      plain(C.wkv_wgate, x, 1, K, false, main && cuda::comp_beside_enabled());
     } else {
       K = scratch(slot, static_cast<size_t>(n * W));
       Z = scratch(slot + 1, static_cast<size_t>(n * W));
@@ -847,7 +849,8 @@ class CudaBackend final : public Backend {
   void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& sst,
                     int32_t* topk) override {
     const bool fork = attn_side_open_;
-    SideScope side(this, fork ? kSideIdx : -1);  // after the indexer's compressor (the cache it scores)
+    std::optional<SideScope> side;
+    side.emplace(this, fork ? kSideIdx : -1);  // after the indexer's compressor (the cache it scores)
     OpScope prof(this, "indexer_topk");
     const DevLayer& L = lay(layer);
     const DevLayerState& S = seq(sst, layer);
@@ -882,6 +885,17 @@ class CudaBackend final : public Backend {
     float* sc = scratch(13, static_cast<size_t>(n * ld));
     if (n == 1 && cuda::indexer_fused_enabled() && cuda::indexer_topk_fused_ok(Hi, Di, K)) {
       // One launch for the scores and the top-k (one kernel boundary fewer on the CSA layer's longest branch).
+      // One token, one sequence (DSV4_TOPK_MAIN, default): on the main stream, after the query RoPE, with this
+      // branch (which has joined the queries' branch) joined into it, so that the attention -- the next kernel of
+      // the main stream -- follows the top-k by a programmatic edge: launched at the top-k's start, it waits on the
+      // device, where a join edge from a side branch released it only at the top-k's end plus a launch (phase
+      // stamps, session 32: past its wait 3.7-4.1 us after the top-k's end before, 2.5 now). The same kernel on
+      // another stream: the same bits.
+      if (fork && !batch_step_ && !in_row_loop_ && cuda::topk_main_enabled()) {
+        side.reset();
+        join_branch(kSideIdx);
+        attn_wait_gen_[kSideIdxQ] = -1;  // joined through kSideIdx (it waited on idx_q_ev_ above)
+      }
       OpScope sub(this, "indexer_topk/scores+topk", true);
       cuda::IndexerTopkArgs a;
       a.q = qI, a.wts = wI, a.keys = S.idx, a.heads = Hi, a.Di = Di, a.pos0 = pos0, a.ratio = m, a.n_keys = S.n_idx;
@@ -1922,9 +1936,9 @@ class CudaBackend final : public Backend {
   }
   // y = x . W^T in fp32 without any quantization simulation (the CPU's plain matmul_nt sites); round: y BF16-rounded
   // by the GEMV's epilogue (the same bf16r as a round_bf16 pass after it, one launch fewer).
-  void plain(const DevLinear& W, const float* x, int n, float* y, bool round = false) {
+  void plain(const DevLinear& W, const float* x, int n, float* y, bool round = false, bool beside = false) {
     cuda::LinearArgs a;
-    a.x = x, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = round;
+    a.x = x, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = round, a.beside = beside;
     cuda::linear(W, a, s_);
   }
 
@@ -2050,6 +2064,14 @@ class CudaBackend final : public Backend {
       if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = slot;
     }
   };
+  // Side branch i joined into the main stream now (not by attend): attend's join skips it, and a later op on it forks
+  // it again (SideScope).
+  void join_branch(int i) {
+    if (attn_wait_gen_[i] < 0) return;
+    attn_wait_gen_[i] = -1;
+    DSV4_CU(cudaEventRecord(attn_join_ev_[i], attn_side_[i]));
+    DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_[i], 0));
+  }
   // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
   void join_attn_side(bool nothrow = false) {
     if (!attn_side_open_) return;

@@ -149,6 +149,13 @@ __device__ __forceinline__ void ring_walk(int64_t gw, int64_t nw, int64_t ntiles
 template <int F, typename C>
 __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out, LinearArgs a, int G) {
   constexpr int kRingR = C::R, kRingWarps = C::W;  // pdl_wait(): in ring_walk, after the weight prologue
+  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait (x about to be staged), 2 warp 0's walk done; tag: the rows.
+  // And the last warp's (its last thread): 0 entry, 1 its walk done; tag: minus the rows.
+  PHASE_DECL;
+  PHASE_DECL2(pl, C::T - 1);
+  BLOCK_STAMPS_DECL;
+  PHASE_MARK(0);
+  PHASE_MARK2(pl, 0);
   extern __shared__ float4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -176,8 +183,16 @@ __global__ void __launch_bounds__(C::T, 1) gemv_ring_kernel(WRow W, int64_t out,
       if (lane == 0 && rr < grows) a.y[row_base + rr] = a.round_bf16 ? bf16r(v) : v;
     }
   };
-  ring_walk<F, kRingR, C::S, true>(gw, nw, ntiles, nch, W.blk, smem + warp * C::WarpBytes, tile_at, flush,
-                               [&] { stage_x<F>(x, W.in, xs, a.qa8_x); });
+  ring_walk<F, kRingR, C::S, true>(gw, nw, ntiles, nch, W.blk, smem + warp * C::WarpBytes, tile_at, flush, [&] {
+    PHASE_MARK(1);
+    BLOCK_STAMPS_WAITED;
+    stage_x<F>(x, W.in, xs, a.qa8_x);
+  });
+  PHASE_MARK(2);
+  PHASE_RECORD("gemv_ring", out);
+  PHASE_MARK2(pl, 1);
+  PHASE_RECORD2(pl, "gemv_ring", -out);
+  BLOCK_STAMPS_END("gemv_ring");
 }
 
 #include "backend/cuda/expert_mma.cuh"  // the routed MXFP4 walk on FP8 MMAs (mma_walk), used below
@@ -224,8 +239,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   static_assert(!XROWS || F16R, "several x rows: the f16 walk only");
   const int x_rows = XROWS ? a.x_rows : 1;
   // (DSV4_PHASE_STAMPS builds, the MMA walks; block 0's warp 0) 0 entry, 1 gate/up's first (shared) walk done, 2
-  // the selection read, 3 the routed walk done, 4 down's second (shared) walk done; tag 1 gate/up, 0 down
+  // the selection read, 3 the routed walk done, 4 down's second (shared) walk done, 5 / 6 the routed walk past its
+  // wait / its input staged (where it stages: down); tag 1 gate/up, 0 down
   PHASE_DECL;
+  BLOCK_STAMPS_DECL;
   PHASE_MARK(0);
   if constexpr (MMA_ONLY) {
     if (mma == 0 || (has_sh && mma != 2)) __trap();  // a launch this variant has no walk for: an error, never a wrong result
@@ -470,10 +487,16 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       // Named barriers 5.. (the shared walk's groups use 1..4 and may still be running in other warps of the block).
       // once: gate/up's shared walk staged this input (and published it with its barrier); down's walk stages the
       // shared walk's input too.
-      auto stage_m = [&] {
-        if (!GATE_UP && batch) return stage_both_batched();
-        if (!(GATE_UP && once)) stage_routed_m();
-        if (!GATE_UP && once) stage_shared_m();
+      auto stage_m = [&] {  // (phase stamps: 5 past the walk's wait, 6 staged)
+        PHASE_MARK(5);
+        BLOCK_STAMPS_WAITED;
+        if (!GATE_UP && batch) {
+          stage_both_batched();
+        } else {
+          if (!(GATE_UP && once)) stage_routed_m();
+          if (!GATE_UP && once) stage_shared_m();
+        }
+        PHASE_MARK(6);
       };
       if (a.tiles) {  // the tile-major copies (expert_tiles.h): the same bytes per step, fetched contiguously
         auto tile_of = [&](int64_t t) -> const uint8_t* {
@@ -494,6 +517,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       }
       PHASE_MARK(4);
       PHASE_RECORD("expert_ring", GATE_UP ? 1 : 0);
+      BLOCK_STAMPS_END("expert_ring");
       return;
     }
   }

@@ -224,12 +224,14 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // (DSV4_PHASE_STAMPS builds) 0 entry, 1 prologue issued, 2 past the wait, 3 x staged, 4 done; tag: the rows
   PHASE_DECL;
+  BLOCK_STAMPS_DECL;
   PHASE_MARK(0);
   TcWalk w = tc_walk(static_cast<const uint8_t*>(W.w), K, ntiles, wpt, warp, gridDim.x, blockIdx.x);
   w.prologue(ring, tid, g, t);
   PHASE_MARK(1);
   pdl_wait();
   PHASE_MARK(2);
+  BLOCK_STAMPS_WAITED;
   stage_x_qa8_f16(a.x, K, xq, xsc);
   __syncthreads();
   PHASE_MARK(3);
@@ -260,6 +262,7 @@ __global__ void __launch_bounds__(kTcgThreads, 1) gemv_tc_fp8_kernel(WRow W, int
   cp_async_wait<0>();
   PHASE_MARK(4);
   PHASE_RECORD("gemv_tc", out);
+  BLOCK_STAMPS_END("gemv_tc");
 }
 
 // The multi-token version (batched decode: 2 <= a.n <= kTcgMaxN tokens, rows of x at a.ldx, of y at a.ldy): the same

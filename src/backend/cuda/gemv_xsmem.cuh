@@ -160,6 +160,9 @@ template <int F>
 __global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, LinearArgs a, int ks) {
   // pdl_wait() inside the staging lambda: the first weight loads (rows_dot_xs issues them before staging) do not
   // depend on the previous kernel and overlap its tail under programmatic dependent launch.
+  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait, 2 x staged, 3 stored; tag: the rows.
+  PHASE_DECL;
+  PHASE_MARK(0);
   constexpr int R = 2, U = 2, CW = Chunk<F>::CW;
   extern __shared__ float4 xs_raw[];
   float* xs = reinterpret_cast<float*>(xs_raw);
@@ -184,7 +187,9 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, Li
   float acc[R];
   rows_dot_xs<F, R, U>(wp, sp, gs, W.blk, cb, ce, xs, [&] {
     pdl_wait();
+    PHASE_MARK(1);
     stage_x<F>(x, W.in, xs, a.qa8_x);
+    PHASE_MARK(2);
   }, acc);
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
@@ -205,6 +210,8 @@ __global__ void __launch_bounds__(256, 2) gemv_xs_kernel(WRow W, int64_t out, Li
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (row0 + r < out) a.y[row0 + r] = a.round_bf16 ? bf16r(acc[r]) : acc[r];
+  PHASE_MARK(3);
+  PHASE_RECORD("gemv_xs", out);
 }
 
 // Routed experts v3. gate/up: grid (ceil(I / 16), n * k); warp w of a block takes intermediate rows r = 16 * bx + 2w

@@ -138,7 +138,8 @@ __device__ __forceinline__ void trace_point() {
 // The instrumented kernels' names (PHASE_RECORD's name: one of these, as a string literal).
 constexpr const char* kPhaseNames[] = {"attend_cluster", "router",       "gemv_tc",            "expert_ring",
                                        "hc_post_mix",    "hc_finish_w0", "hc_finish_collapse", "norm_rope",
-                                       "compressor",     "indexer_q",    "idx_topk_scorer",    "idx_topk_topk"};
+                                       "compressor",     "indexer_q",    "idx_topk_scorer",    "idx_topk_topk",
+                                       "gemv_ring",      "gemv_xs",      "deferred_comb"};
 constexpr int kPhaseNameCount = static_cast<int>(sizeof(kPhaseNames) / sizeof(kPhaseNames[0]));
 constexpr bool phase_name_eq(const char* a, const char* b) {
   for (; *a && *a == *b; ++a, ++b) {
@@ -159,6 +160,33 @@ struct PhaseRecord {
 __device__ unsigned int g_phase_launch = 0;
 __device__ unsigned int g_phase_first = 6000;
 __device__ PhaseRecord g_phase_rec[kPhaseCount];
+// Per-block stamps (BLOCK_STAMPS_* below): every block of an opted-in kernel records its entry, its wait and its end
+// for the block exits [g_block_first, + kBlockRecCount) of the process (DSV4_BLOCK_FIRST, default 200000), so that a
+// grid's tail -- the blocks that end after block 0, which the next kernel's wait waits for -- shows.
+struct BlockRecord {
+  int name = 0;
+  unsigned block = 0, sm = 0;
+  unsigned long long t0 = 0, t1 = 0, t2 = 0;
+};
+constexpr unsigned kBlockRecCount = 8192;
+__device__ unsigned int g_block_n = 0;
+__device__ unsigned int g_block_first = 200000;
+__device__ BlockRecord g_block_rec[kBlockRecCount];
+void block_dump() {
+  std::vector<BlockRecord> rec(kBlockRecCount);
+  unsigned n = 0, first = 0;
+  if (cudaMemcpyFromSymbol(&n, g_block_n, sizeof(n)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(&first, g_block_first, sizeof(first)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(rec.data(), g_block_rec, sizeof(BlockRecord) * kBlockRecCount) != cudaSuccess)
+    return;
+  if (n == 0) return;  // not a BLOCKS=1 build (or nothing recorded)
+  std::printf("[blocks] %u block exits, recorded from %u\n", n, first);
+  for (unsigned i = 0; i < kBlockRecCount && first + i < n; ++i) {
+    const BlockRecord& r = rec[i];
+    std::printf("[blocks] %s block %u sm %u t0 %llu wait %.2f end %.2f\n", r.name >= 0 && r.name < kPhaseNameCount ? kPhaseNames[r.name] : "?",
+                r.block, r.sm, r.t0, r.t1 ? (r.t1 - r.t0) * 1e-3 : -1.0, (r.t2 - r.t0) * 1e-3);
+  }
+}
 void phase_dump() {
   std::vector<PhaseRecord> rec(kPhaseCount);
   unsigned launches = 0, first = 0;
@@ -177,6 +205,7 @@ void phase_dump() {
       std::printf(" %.2f", k < r.n && r.t[k] != 0 ? static_cast<double>(r.t[k] - r.t[0]) * 1e-3 : -1.0);
     std::printf("\n");
   }
+  block_dump();
   std::fflush(stdout);
 }
 // Once per process, at the first launch: the window's start from DSV4_PHASE_FIRST and the dump at exit (registered
@@ -187,6 +216,10 @@ void phase_window_init() {
     if (const char* e = std::getenv("DSV4_PHASE_FIRST")) {
       const unsigned first = static_cast<unsigned>(std::strtoul(e, nullptr, 10));
       DSV4_CU(cudaMemcpyToSymbol(g_phase_first, &first, sizeof(first)));
+    }
+    if (const char* e = std::getenv("DSV4_BLOCK_FIRST")) {
+      const unsigned first = static_cast<unsigned>(std::strtoul(e, nullptr, 10));
+      DSV4_CU(cudaMemcpyToSymbol(g_block_first, &first, sizeof(first)));
     }
     std::atexit(phase_dump);
   });
@@ -220,6 +253,45 @@ struct PhaseNameId {
   static_assert(Id >= 0, "PHASE_RECORD: a name missing from kPhaseNames");
   static constexpr int value = Id;
 };
+#ifdef DSV4_BLOCK_STAMPS
+struct BlockStamps {
+  unsigned long long t0 = 0, t1 = 0;
+  __device__ __forceinline__ BlockStamps() {
+    if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  }
+  __device__ __forceinline__ void waited() {
+    if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  }
+  __device__ __forceinline__ void end(int name) const {
+    if (threadIdx.x != 0) return;
+    unsigned long long t2;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t2));
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned id = atomicAdd(&g_block_n, 1u);
+    if (id < g_block_first || id - g_block_first >= kBlockRecCount) return;
+    BlockRecord& r = g_block_rec[id - g_block_first];
+    r.name = name, r.block = blockIdx.x, r.sm = sm, r.t0 = t0, r.t1 = t1, r.t2 = t2;
+  }
+};
+// Every block's thread 0: BLOCK_STAMPS_DECL at entry, BLOCK_STAMPS_WAITED past the wait, BLOCK_STAMPS_END(name) at exit
+// (after a block barrier: the block's last warp done; every thread must reach it).
+#define BLOCK_STAMPS_DECL BlockStamps block_stamps_
+#define BLOCK_STAMPS_WAITED block_stamps_.waited()
+#define BLOCK_STAMPS_END(name) \
+  do {                         \
+    __syncthreads();           \
+    block_stamps_.end(PhaseNameId<phase_name_id(name)>::value); \
+  } while (0)
+#else
+#define BLOCK_STAMPS_DECL
+#define BLOCK_STAMPS_WAITED \
+  do {                      \
+  } while (0)
+#define BLOCK_STAMPS_END(name) \
+  do {                         \
+  } while (0)
+#endif
 #define PHASE_DECL PhaseStamps phase_stamps_
 #define PHASE_MARK(i) phase_stamps_.mark(i)
 #define PHASE_RECORD(name, tag) phase_stamps_.record(PhaseNameId<phase_name_id(name)>::value, tag)
@@ -236,6 +308,13 @@ struct PhaseNameId {
 #define PHASE_MARK2(v, i) v.mark(i)
 #define PHASE_RECORD2(v, name, tag) v.record(PhaseNameId<phase_name_id(name)>::value, tag)
 #else
+#define BLOCK_STAMPS_DECL
+#define BLOCK_STAMPS_WAITED \
+  do {                      \
+  } while (0)
+#define BLOCK_STAMPS_END(name) \
+  do {                         \
+  } while (0)
 #define PHASE_DECL
 #define PHASE_MARK(i) \
   do {                \
@@ -585,18 +664,21 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   float* v = sm;
   float* ws = sm + len;                         // the norm weight, when there is one
   float* fs = ws + (a.do_norm && a.w ? len : 0);  // the RoPE inverse frequencies
-  PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait, 2 the row landed, 3 stored; tag: the length
-  PHASE_MARK(0);
+  // (DSV4_PHASE_STAMPS builds; blocks 0 and 1) 0 entry, 1 past the wait, 2 the row landed, 3 stored; tag: the
+  // length + 100000 x the block
+  PHASE_DECL_ANY(ph);
+  PHASE_BLOCK(ph, blockIdx.x <= 1);
+  PHASE_MARK2(ph, 0);
   if (a.do_norm && a.w) block_copy_async(ws, a.w, len);
   block_copy_async(fs, a.inv_freq, R / 2);
   pdl_wait();
-  PHASE_MARK(1);
+  PHASE_MARK2(ph, 1);
   const int64_t pos0 = R > 0 ? (a.dpos ? *a.dpos : a.pos0) : 0;
   block_copy_async(v, x, len);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  PHASE_MARK(2);
+  PHASE_MARK2(ph, 2);
   if (a.round_x) block_round_bf16(v, len);
   if (a.do_norm) {
     block_rms(v, len, a.w ? ws : nullptr, a.eps, red);
@@ -609,8 +691,8 @@ __device__ __forceinline__ void norm_rope_row(const NormRopeArgs& a, int row) {
   if (a.official && a.sim8_block > 0) block_fake_quant(v, nope, a.sim8_block, 8);
   float* y = a.y + row * a.len;
   for (int i = threadIdx.x; i < len; i += blockDim.x) y[i] = v[i];
-  PHASE_MARK(3);
-  PHASE_RECORD("norm_rope", a.len);
+  PHASE_MARK2(ph, 3);
+  PHASE_RECORD2(ph, "norm_rope", a.len + 100000 * static_cast<int64_t>(blockIdx.x));
 }
 
 // norm_rope for many rows (prefill: the queries' 64 heads per token, 524K rows of 512 in an 8K chunk): one WARP per
@@ -1254,14 +1336,17 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // topk_radix_kernel's function for row t by a block of kTopkThreads threads (after the wait), the block being part
 // `part` of `parts` that share the row's ordering step. tk_sm: P * 8 + cache * 4 bytes of dynamic shared memory. The
 // scores are read through L2 (__ldcg): in the fused indexer kernel, other blocks of the same grid wrote them.
+// mark(i): a phase stamp (DSV4_PHASE_STAMPS builds; the fused kernel's top-k timeline): 5 row staged, 6 / 7 / 8 radix
+// pass 0 / 1 / 2 done, 9 compacted; a no-op lambda elsewhere.
+template <typename Mark>
 __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, int64_t pos0, int ratio, int k, int P,
                                                int cache, int32_t* topk, int t, int part_id, int parts,
-                                               unsigned long long* tk_sm) {
+                                               unsigned long long* tk_sm, Mark mark) {
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
   // Two histograms: a pass clears the next pass's while it fills its own, so clearing needs no barrier of its own.
   __shared__ __align__(8) int hist[2][kTopkBins];
-  __shared__ int wsum[32], wgt[32], weq[32];
+  __shared__ int wsum[32], wgt[32], weq[32], wlow[32];
   __shared__ int s_digit, s_above, s_count;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   int64_t V = (pos0 + t + 1) / ratio;
@@ -1273,10 +1358,24 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
     for (int j = kk + threadIdx.x; j < k; j += blockDim.x) out[j] = -1;
   if (kk == 0) return;
   const bool cached = V <= cache;
+  // Whether the last pass (key bits 0..9) can split anything: official scores are BF16-rounded, so a non-negative
+  // score's key has those bits 0 and a negative one's 1023 -- every entry left after the second pass (one sign, the
+  // prefix) then falls into one bin, and that pass's histogram (all its atomics on one address, ~0.9 us of a CSA
+  // layer's ~8 us top-k: phase stamps, session 32) decides nothing. Bit 0 / 1: some non-negative / negative entry's
+  // low bits are not 0 / 1023 (uncached rows: assumed so).
+  int low_split = cached ? 0 : 3;
   if (cached)
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) row[i] = order_key(__ldcg(s + i));
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const uint32_t u = order_key(__ldcg(s + i)), lo = u & 1023u;
+      row[i] = u;
+      low_split |= (u >> 31) ? (lo != 0u ? 1 : 0) : (lo != 1023u ? 2 : 0);
+    }
   for (int j = threadIdx.x; j < kTopkBins; j += blockDim.x) hist[0][j] = 0;
+  low_split = __reduce_or_sync(0xffffffffu, low_split);
+  if (lane == 0) wlow[w] = low_split;
   __syncthreads();
+  low_split = __reduce_or_sync(0xffffffffu, static_cast<int>(lane) < static_cast<int>(blockDim.x >> 5) ? wlow[lane] : 0);
+  mark(5);
   auto key_at = [&](int64_t i) -> uint32_t { return cached ? row[i] : order_key(__ldcg(s + i)); };
 
   // Entries with (key & mask) > prefix are taken; of those with (key & mask) == prefix, the `want` lowest-index ones.
@@ -1285,6 +1384,7 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
   int want = kk;
   if (V > k) {
     for (int pass = 0; pass < 3; ++pass) {
+      if (pass == 2 && !(low_split & ((prefix >> 31) ? 1 : 2))) break;  // one bin left: the pass would take it whole
       const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
       const uint32_t dmask = pass == 2 ? 1023u : 2047u;
       int* h = hist[pass & 1];
@@ -1317,6 +1417,7 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
       prefix |= static_cast<uint32_t>(s_digit) << shift;
       mask |= dmask << shift;
       want -= s_above;
+      mark(6 + pass);
       if (s_count == want) break;  // the whole bin is taken: no tie to resolve in lower bits
     }
   }
@@ -1349,6 +1450,7 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
     base_eq += __popc(be);
   }
   __syncthreads();
+  mark(9);
   // Order: the kk candidates (key << 32 | ~index) are distinct, and the CPU's order is their descending order, so each
   // one's place is the number of candidates above it: broadcast reads and no barrier, instead of a bitonic sort's ~45
   // block-wide barriers. This block places candidates [j0, j1) of its row.
@@ -1376,7 +1478,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* s
   pdl_wait();
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   topk_radix_row(scores, ld, pos0, ratio, k, P, cache, topk, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                 static_cast<int>(gridDim.y), tk_sm);
+                 static_cast<int>(gridDim.y), tk_sm, [](int) {});
 }
 
 // The single-token indexer in one launch (indexer_topk_fused): the scores of indexer_scores_v2<16> (tiles of 16 keys,
@@ -1391,7 +1493,8 @@ constexpr int kIdxFusedKeys = 16, kIdxFusedActive = 256;
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(IndexerTopkArgs a, int nscore, int P,
                                                                          int cache) {
   // (DSV4_PHASE_STAMPS builds) ph: the scoring block with ticket 0 -- 0 entry, 1 past the wait, 2 ticket, 3 scored;
-  // pt: the first top-k block -- 0 entry, 1 past the wait, 2 ticket, 3 every score counted, 4 top-k stored.
+  // pt: the first top-k block -- 0 entry, 1 past the wait, 2 ticket, 3 every score counted, 4 top-k stored (5..9:
+  // topk_radix_row's steps).
   PHASE_DECL_ANY(ph);
   PHASE_DECL_ANY(pt);
   PHASE_MARK2(ph, 0);
@@ -1436,7 +1539,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
   __syncthreads();
   PHASE_MARK2(pt, 3);
   topk_radix_row(a.scores, a.ld, pos0, a.ratio, a.k, P, cache, a.topk, 0, ticket - nscore, kTopkSplit,
-                 reinterpret_cast<unsigned long long*>(fsm));
+                 reinterpret_cast<unsigned long long*>(fsm), [&](int i) { (void)i; PHASE_MARK2(pt, i); });
   __syncthreads();
   PHASE_MARK2(pt, 4);
   PHASE_RECORD2(pt, "idx_topk_topk", nscore);
@@ -2688,7 +2791,8 @@ bool gemv_tc_grouped_eligible(const DevLinear& W, const LinearArgs& a) {
 
 // The ring GEMV takes single-token GEMVs with at least 512 four-row tiles (smaller ones keep v3's K split, which
 // spreads a short matrix over more warps); grouped ones need whole tiles per group and at most one group per SM.
-bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
+namespace {
+bool gemv_ring_shaped(const DevLinear& W, const LinearArgs& a) {
   if (!g_ring_on.load(std::memory_order_relaxed) || a.n != 1 || !ring_format_ok(W.fmt, W.sb_cols) ||
       !gemv_vector_ok(fmt_of(W.fmt), W.in, W.w, a.x, a.ldx, a.group_rows, a.group_x_off) || !ring_fits(W.in))
     return false;
@@ -2696,6 +2800,8 @@ bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) {
   const int64_t G = W.out / a.group_rows;
   return W.out % a.group_rows == 0 && a.group_rows % kRingR == 0 && G <= sm_count() && W.out >= 512 * kRingR;
 }
+}  // namespace
+bool gemv_ring_eligible(const DevLinear& W, const LinearArgs& a) { return !a.beside && gemv_ring_shaped(W, a); }
 
 bool gemv_stages_x(const DevLinear& W, const LinearArgs& a) {
   if (gemv_tc_eligible(W, a) || gemv_ring_eligible(W, a)) return true;
@@ -2775,6 +2881,8 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
   if (gemv_tc_eligible(W, a)) {
     int wpt = kTcgWarps;
     while (wpt > 1 && wpt > W.in / 128) wpt /= 2;
+    // (Fewer K slices -- fewer block steps, each ending in a barrier-separated flush; wq_b's K = 1,024 flushes after
+    // every ring step -- measured slower: at most 4 slices +6 us per layer, 2 slices +22, docs/BENCHMARKS.md session 32.)
     // Every warp needs >= 1 K block (its barriers are counted per block step): the kernel relies on wpt <= KB.
     if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
@@ -2829,7 +2937,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     return;
   }
   const unsigned ty = blocks_for(a.n, kGemvNT);
-  const int ks = gemv_kslices(W, a.n, f);
+  const int ks = a.beside && gemv_ring_shaped(W, a) ? 1 : gemv_kslices(W, a.n, f);  // beside: the ring's bits
   const int64_t block_rows = (8 / ks) * kGemvR;
   const int64_t persistent_blocks = 2 * static_cast<int64_t>(sm_count());
   if (gemv_xs_tiles_taken(W, a, ks)) {
@@ -3549,6 +3657,12 @@ void set_wqb_stack(bool on) { g_wqb_stack_on.store(on, std::memory_order_relaxed
 bool wqb_stack_enabled() { return g_wqb_stack_on.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
+std::atomic<bool> g_comp_beside_on{switch_on("DSV4_COMP_BESIDE")};
+void set_comp_beside(bool on) { g_comp_beside_on.store(on, std::memory_order_relaxed); }
+bool comp_beside_enabled() { return g_comp_beside_on.load(std::memory_order_relaxed); }
+std::atomic<bool> g_topk_main_on{switch_on("DSV4_TOPK_MAIN")};
+void set_topk_main(bool on) { g_topk_main_on.store(on, std::memory_order_relaxed); }
+bool topk_main_enabled() { return g_topk_main_on.load(std::memory_order_relaxed); }
 void set_attn_fork(bool on) { g_attn_fork_on.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool attn_fork_enabled() {
   int v = g_attn_fork_on.load(std::memory_order_relaxed);

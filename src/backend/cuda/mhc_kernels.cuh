@@ -388,8 +388,14 @@ __device__ __forceinline__ void sinkhorn_comb_in_place(const DeferredComb& dc) {
 // the launch's other blocks. (The fused router GEMV's block, one kernel after the pre, waits and then calls
 // sinkhorn_comb_in_place.)
 __device__ __forceinline__ void finish_deferred_comb(const DeferredComb& dc) {
+  // (DSV4_PHASE_STAMPS builds) this block's thread 0: 0 entry, 1 done; tag: the launch's blocks.
+  PHASE_DECL_ANY(ph);
+  PHASE_BLOCK(ph, true);
+  PHASE_MARK2(ph, 0);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   sinkhorn_comb_in_place(dc);
+  PHASE_MARK2(ph, 1);
+  PHASE_RECORD2(ph, "deferred_comb", gridDim.x);
 }
 
 // The Sinkhorn of n tokens' comb logits in place, one thread per token (hc 4): the prefill form of the deferred

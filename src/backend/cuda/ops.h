@@ -63,6 +63,11 @@ struct LinearArgs {
   // gemv_stages_x() holds (single-token GEMVs, and the tensor-core GEMV of up to 15 tokens), the same QA8 values as
   // qa8_rows + GEMV.
   bool qa8_x = false;
+  // A side branch's single-token GEMV that must share the SMs (decode: the main compressor's projections, forked
+  // beside wq_b): never the ring kernel, whose one 512-thread block per SM keeps every other kernel of the branches
+  // off an SM until it leaves (on a CSA layer the indexer's scores waited ~6.5 us behind that GEMV: phase stamps,
+  // session 32); where the ring would have run, the 256-thread kernel without a K split instead (the ring's bits).
+  bool beside = false;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
 // exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
@@ -453,6 +458,14 @@ bool attn_fork_enabled();
 // joins at the fork and is joined back (DSV4_ATTN_LAZY_FORK=0 / false). The same kernels: bit-identical results.
 void set_attn_lazy_fork(bool on);
 bool attn_lazy_fork_enabled();
+// Decode: the main compressor's projection GEMV (single token) on the 256-thread kernel that shares SMs
+// (LinearArgs::beside; default; DSV4_COMP_BESIDE=0 / false: the ring kernel). The ring's bits either way.
+void set_comp_beside(bool on);
+bool comp_beside_enabled();
+// Decode, one token of one sequence: the fused indexer scores + top-k on the main stream, its branch joined into it
+// (default; DSV4_TOPK_MAIN=0 / false: on its side branch, joined by attend). The same kernels: bit-identical results.
+void set_topk_main(bool on);
+bool topk_main_enabled();
 // A CSA layer's single-token step (one GPU, one sequence): wq_b and the indexer's wq_b (stored back to back) as one
 // GEMV in attn_qkv, the indexer's queries taken from its output (default; DSV4_WQB_STACK=0 / set_wqb_stack(false): two
 // GEMVs; the pair is stored only if it is on when the model loads). The same GEMV per row: bit-identical. Measured

@@ -435,26 +435,20 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
             << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " posts' own Sinkhorn: rel L2 "
             << rel_l2(got, want);
-        // Everything on but wq_b and the indexer's wq_b as two GEMVs (DSV4_WQB_STACK=0).
-        cuda::set_wqb_stack(false);
-        {
-          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
-          got = decode_logits(m, ids, 9);
-        }
-        cuda::set_wqb_stack(true);
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
-            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " two wq_b GEMVs: rel L2 "
-            << rel_l2(got, want);
-        // Everything on but the indexer's scores + top-k on its side branch (DSV4_TOPK_MAIN=0).
-        cuda::set_topk_main(false);
-        {
-          Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
-          got = decode_logits(m, ids, 9);
-        }
-        cuda::set_topk_main(true);
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
-            << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " top-k on its branch: rel L2 "
-            << rel_l2(got, want);
+        // Everything on but one switch (set(false) for the run, then set(true) again).
+        auto all_but = [&](void (*set)(bool), const char* what) {
+          set(false);
+          {
+            Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
+            got = decode_logits(m, ids, 9);
+          }
+          set(true);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+              << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " " << what << ": rel L2 "
+              << rel_l2(got, want);
+        };
+        all_but(cuda::set_wqb_stack, "two wq_b GEMVs (DSV4_WQB_STACK=0)");
+        all_but(cuda::set_topk_main, "the indexer's scores + top-k on its branch (DSV4_TOPK_MAIN=0)");
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.
     for (Numerics nm : {Numerics::Reference, Numerics::Official}) {

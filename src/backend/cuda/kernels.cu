@@ -283,14 +283,6 @@ struct BlockStamps {
     __syncthreads();           \
     block_stamps_.end(PhaseNameId<phase_name_id(name)>::value); \
   } while (0)
-#else
-#define BLOCK_STAMPS_DECL
-#define BLOCK_STAMPS_WAITED \
-  do {                      \
-  } while (0)
-#define BLOCK_STAMPS_END(name) \
-  do {                         \
-  } while (0)
 #endif
 #define PHASE_DECL PhaseStamps phase_stamps_
 #define PHASE_MARK(i) phase_stamps_.mark(i)
@@ -308,13 +300,6 @@ struct BlockStamps {
 #define PHASE_MARK2(v, i) v.mark(i)
 #define PHASE_RECORD2(v, name, tag) v.record(PhaseNameId<phase_name_id(name)>::value, tag)
 #else
-#define BLOCK_STAMPS_DECL
-#define BLOCK_STAMPS_WAITED \
-  do {                      \
-  } while (0)
-#define BLOCK_STAMPS_END(name) \
-  do {                         \
-  } while (0)
 #define PHASE_DECL
 #define PHASE_MARK(i) \
   do {                \
@@ -332,6 +317,15 @@ struct BlockStamps {
   } while (0)
 #define PHASE_RECORD2(v, name, tag) \
   do {                             \
+  } while (0)
+#endif
+#if !(defined(DSV4_PHASE_STAMPS) && defined(DSV4_BLOCK_STAMPS))  // per-block stamps: a BLOCKS=1 phase build only
+#define BLOCK_STAMPS_DECL
+#define BLOCK_STAMPS_WAITED \
+  do {                      \
+  } while (0)
+#define BLOCK_STAMPS_END(name) \
+  do {                         \
   } while (0)
 #endif
 // Reads a kernel may issue BEFORE pdl_wait: constants (weights, norm weights, RoPE frequencies), data the kernel two or

@@ -891,7 +891,8 @@ class CudaBackend final : public Backend {
       // device, where a join edge from a side branch released it only at the top-k's end plus a launch (phase
       // stamps, session 32: past its wait 3.7-4.1 us after the top-k's end before, 2.5 now). The same kernel on
       // another stream: the same bits.
-      if (fork && !batch_step_ && !in_row_loop_ && cuda::topk_main_enabled()) {
+      // (One GPU only: TP2 was not measured with it -- no 2-GPU machine in session 32 -- so a rank keeps its branch.)
+      if (fork && tp_ == 1 && !batch_step_ && !in_row_loop_ && cuda::topk_main_enabled()) {
         side.reset();
         join_branch(kSideIdx);
         attn_wait_gen_[kSideIdxQ] = -1;  // joined through kSideIdx (it waited on idx_q_ev_ above)

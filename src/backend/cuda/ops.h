@@ -462,8 +462,9 @@ bool attn_lazy_fork_enabled();
 // (LinearArgs::beside; default; DSV4_COMP_BESIDE=0 / false: the ring kernel). The ring's bits either way.
 void set_comp_beside(bool on);
 bool comp_beside_enabled();
-// Decode, one token of one sequence: the fused indexer scores + top-k on the main stream, its branch joined into it
-// (default; DSV4_TOPK_MAIN=0 / false: on its side branch, joined by attend). The same kernels: bit-identical results.
+// Decode, one token of one sequence on one GPU: the fused indexer scores + top-k on the main stream, its branch joined
+// into it (default; DSV4_TOPK_MAIN=0 / false: on its side branch, joined by attend). The same kernels: bit-identical
+// results.
 void set_topk_main(bool on);
 bool topk_main_enabled();
 // A CSA layer's single-token step (one GPU, one sequence): wq_b and the indexer's wq_b (stored back to back) as one

@@ -2065,26 +2065,21 @@ class CudaBackend final : public Backend {
       if (which >= 0) std::swap(b->s_, b->attn_side_[which]), b->lin_qa8_slot_ = slot;
     }
   };
-  // Side branch i joined into the main stream now (not by attend): attend's join skips it, and a later op on it forks
-  // it again (SideScope).
-  void join_branch(int i) {
+  // Side branch i joined into the main stream now; a branch that never joined the fork (lazy) has nothing to wait
+  // for. Called early (indexer_topk), attend's join then skips it, and a later op on it forks it again (SideScope).
+  // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
+  void join_branch(int i, bool nothrow = false) {
     if (attn_wait_gen_[i] < 0) return;
     attn_wait_gen_[i] = -1;
-    DSV4_CU(cudaEventRecord(attn_join_ev_[i], attn_side_[i]));
-    DSV4_CU(cudaStreamWaitEvent(s_, attn_join_ev_[i], 0));
+    cudaError_t e = cudaEventRecord(attn_join_ev_[i], attn_side_[i]);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s_, attn_join_ev_[i], 0);
+    if (!nothrow) DSV4_CU(e);
   }
-  // nothrow: the failed-capture path (errors ignored: the capture is discarded anyway).
   void join_attn_side(bool nothrow = false) {
     if (!attn_side_open_) return;
     attn_side_open_ = false;
     idx_scores_pending_ = false;
-    for (int i = 0; i < 3; ++i) {
-      if (attn_wait_gen_[i] < 0) continue;  // never joined the fork (lazy): nothing to wait for
-      attn_wait_gen_[i] = -1;
-      cudaError_t e = cudaEventRecord(attn_join_ev_[i], attn_side_[i]);
-      if (e == cudaSuccess) e = cudaStreamWaitEvent(s_, attn_join_ev_[i], 0);
-      if (!nothrow) DSV4_CU(e);
-    }
+    for (int i = 0; i < 3; ++i) join_branch(i, nothrow);
   }
 
   // DSV4_EXPERT_TILES=1 (measurement mode): MXFP4 routed experts also get tile-major copies, which the decode MMA

@@ -1847,56 +1847,79 @@ TEST(CudaOps, MoeReduceSumsEverySlot) {
         }
 }
 
-// ---- top-k alone: exact order (score desc, lower index first on ties) against the CPU rule --------------------------
+// The GPU top-k's expected row for the CPU rule's ranked indices (score descending, lower index first on ties; -1
+// padding): the same list when the GPU ranks (DSV4_TOPK_RANKED=1), else the same set in ascending index order.
+vector<int32_t> topk_expected(vector<int32_t> ranked) {
+  if (cu::topk_ranked()) return ranked;
+  const auto end = std::find(ranked.begin(), ranked.end(), -1);
+  std::sort(ranked.begin(), end);
+  return ranked;
+}
+// Runs f() with the top-k unranked (the default) and ranked.
+template <typename F>
+void for_topk_modes(F f) {
+  const bool was = cu::topk_ranked();
+  for (const bool ranked : {false, true}) {
+    cu::set_topk_ranked(ranked);
+    f(ranked);
+  }
+  cu::set_topk_ranked(was);
+}
+
+// ---- top-k alone: the exact set (ties: the lower indices) and order against the CPU rule ---------------------------
 // Scores drawn from few distinct values force long tie runs across the k boundary (all three radix passes and the
 // tie cut); distinct values stop the select early; rows longer than the shared-memory cache take the uncached path;
-// rows of exactly k and shorter than k (padded with -1). Each case runs as 2 rows (decode: the ordering split over
-// blocks) and as 6 rows (one block per row).
+// rows of exactly k and shorter than k (padded with -1). Each case runs as 2 rows (decode: ranked, the ordering split
+// over blocks) and as 6 rows (one block per row), unranked (ascending index order) and ranked (the CPU's order).
 TEST(CudaOps, TopkExactTies) {
-  std::mt19937 g(77);
-  struct Case {
-    int64_t ld;
-    int k, distinct;  // distinct 0: normal floats; -1: normal floats rounded to BF16 (official scores: ties of both
-                      // signs, the low key bits constant per sign, so the top-k skips its last radix pass)
-  };
-  for (const Case c : {Case{2048, 512, -1}, Case{4096, 512, -1}, Case{70000, 512, -1}, Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
-                       Case{4096, 512, 100000}, Case{8192, 512, 0}, Case{70000, 512, 13}, Case{70000, 512, 0},
-                       Case{513, 512, 4}, Case{513, 512, 0}, Case{300, 512, 5}, Case{5000, 4, 3}, Case{3000, 2048, 0}})
-    for (const int n : {2, 6}) {
-      const int ratio = 4;
-      const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query n-2 one fewer (ld 513: k)
-      std::uniform_int_distribution<int> pick(0, std::max(c.distinct - 1, 0));
-      std::normal_distribution<float> nd(0.0f, 3.0f);
-      vector<float> sc(static_cast<size_t>(n * c.ld));
-      for (auto& v : sc) {
-        if (c.distinct <= 0) {
-          v = nd(g);
-          if (c.distinct < 0) num::round_bf16(&v, 1);
-          continue;
+  for_topk_modes([](bool ranked) {
+    SCOPED_TRACE(ranked ? "ranked" : "unranked");
+    std::mt19937 g(77);
+    struct Case {
+      int64_t ld;
+      int k, distinct;  // distinct 0: normal floats; -1: normal floats rounded to BF16 (official scores: ties of both
+                        // signs, the low key bits constant per sign, so the top-k skips its last radix pass)
+    };
+    for (const Case c : {Case{2048, 512, -1}, Case{4096, 512, -1}, Case{70000, 512, -1}, Case{2048, 512, 0}, Case{2048, 512, 7}, Case{2048, 512, 1}, Case{2049, 512, 3}, Case{4096, 512, 7},
+                         Case{4096, 512, 100000}, Case{8192, 512, 0}, Case{70000, 512, 13}, Case{70000, 512, 0},
+                         Case{513, 512, 4}, Case{513, 512, 0}, Case{300, 512, 5}, Case{5000, 4, 3}, Case{3000, 2048, 0}})
+      for (const int n : {2, 6}) {
+        const int ratio = 4;
+        const int64_t pos0 = c.ld * ratio - n;  // query n-1 sees all ld entries, query n-2 one fewer (ld 513: k)
+        std::uniform_int_distribution<int> pick(0, std::max(c.distinct - 1, 0));
+        std::normal_distribution<float> nd(0.0f, 3.0f);
+        vector<float> sc(static_cast<size_t>(n * c.ld));
+        for (auto& v : sc) {
+          if (c.distinct <= 0) {
+            v = nd(g);
+            if (c.distinct < 0) num::round_bf16(&v, 1);
+            continue;
+          }
+          const int p = pick(g);
+          v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
         }
-        const int p = pick(g);
-        v = p == 0 ? -0.0f : static_cast<float>(p - c.distinct / 2) * 0.37f;  // includes -0.0 (equal to +0.0)
+        DBuf<float> dsc(sc);
+        DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
+        DSV4_CU(cudaMemset(dtop.p, 0x55, dtop.n * sizeof(int32_t)));  // every slot must be written
+        cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
+        auto got = dtop.get();
+        for (int i = 0; i < n; ++i) {
+          const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
+          vector<int32_t> order(static_cast<size_t>(V));
+          std::iota(order.begin(), order.end(), 0);
+          const float* s = sc.data() + i * c.ld;
+          const int64_t kk = std::min<int64_t>(V, c.k);
+          std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                            [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+          vector<int32_t> want(order.begin(), order.begin() + kk);
+          want.resize(static_cast<size_t>(c.k), -1);
+          want = topk_expected(want);
+          vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
+          EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), " << n
+                              << " rows, query " << i;
+        }
       }
-      DBuf<float> dsc(sc);
-      DBuf<int32_t> dtop(static_cast<size_t>(n * c.k));
-      DSV4_CU(cudaMemset(dtop.p, 0x55, dtop.n * sizeof(int32_t)));  // every slot must be written
-      cu::topk_rows(dsc.p, n, c.ld, pos0, ratio, c.k, dtop.p, nullptr);
-      auto got = dtop.get();
-      for (int i = 0; i < n; ++i) {
-        const int64_t V = std::min<int64_t>((pos0 + i + 1) / ratio, c.ld);
-        vector<int32_t> order(static_cast<size_t>(V));
-        std::iota(order.begin(), order.end(), 0);
-        const float* s = sc.data() + i * c.ld;
-        const int64_t kk = std::min<int64_t>(V, c.k);
-        std::partial_sort(order.begin(), order.begin() + kk, order.end(),
-                          [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-        vector<int32_t> want(order.begin(), order.begin() + kk);
-        want.resize(static_cast<size_t>(c.k), -1);
-        vector<int32_t> gi(got.begin() + i * c.k, got.begin() + (i + 1) * c.k);
-        EXPECT_EQ(gi, want) << "top-" << c.k << " of " << V << " (" << c.distinct << " distinct values), " << n
-                            << " rows, query " << i;
-      }
-    }
+  });
 }
 
 // ---- lightning indexer: 64 heads x 128 dims over 2048 (8K context) and 4096 keys, top-512 ------------------------
@@ -2001,7 +2024,9 @@ void run_indexer(int64_t nkeys, int n = 2) {
       for (int32_t v : got) common += want.count(v);
       EXPECT_GE(common, static_cast<size_t>(0.98 * K)) << "top-k overlap, query " << i;
       const float* sgi = sg.data() + i * ld;
-      for (int j = 1; j < K; ++j) EXPECT_GE(sgi[tg[i * K + j - 1]], sgi[tg[i * K + j]]) << "top-k order";
+      for (int j = 1; j < K; ++j)
+        if (cu::topk_ranked()) EXPECT_GE(sgi[tg[i * K + j - 1]], sgi[tg[i * K + j]]) << "top-k order (ranked)";
+        else EXPECT_LT(tg[i * K + j - 1], tg[i * K + j]) << "top-k order (ascending indices)";
     }
     // Decode: the last token alone (KEYS = 16 blocks) reproduces its prefill row and top-k exactly.
     DBuf<float> dsc1(static_cast<size_t>(ld));
@@ -2020,6 +2045,9 @@ void run_indexer(int64_t nkeys, int n = 2) {
 TEST(CudaOps, IndexerScoresAndTopk) {
   run_indexer(2048);
   run_indexer(4096);
+  cu::set_topk_ranked(true);  // the CPU's order (A/B switch)
+  run_indexer(2048);
+  cu::set_topk_ranked(false);
 }
 // The single-token indexer as one launch (indexer_topk_fused) against indexer_scores + topk_rows: the same score bits
 // for every visible key and the same top-k, at Flash's 64 x 128 over 2048 keys (8K context) and over 4096 keys of a
@@ -2040,9 +2068,12 @@ TEST(CudaOps, IndexerTopkFused) {
   DBuf<int> counters(3);
   for (const Case c : {Case{2048, 2048, 8191}, Case{4096, 8192, 16383}, Case{4096, 8192, 1203}, Case{70000, 70000, 279999},
                        Case{300, 2048, 1202}})
-    for (bool official : {false, true}) {
+    for (bool official : {false, true})
+     for (const bool ranked : {false, true}) {  // unranked (one top-k block) and ranked (kTopkSplit blocks)
+      cu::set_topk_ranked(ranked);
       const std::string what = std::to_string(c.nkeys) + " keys, row " + std::to_string(c.ld) + ", position " +
-                               std::to_string(c.pos) + (official ? ", official" : ", reference");
+                               std::to_string(c.pos) + (official ? ", official" : ", reference") +
+                               (ranked ? ", ranked" : ", unranked");
       vector<float> q = randn(static_cast<size_t>(Hi * Di), g), w = randn(static_cast<size_t>(Hi), g),
                     keys = randn(static_cast<size_t>(c.nkeys * Di), g);
       std::uniform_int_distribution<int64_t> pick(0, c.nkeys - 1);
@@ -2111,8 +2142,9 @@ TEST(CudaOps, IndexerTopkFused) {
                         [&](int x, int y) { return ws[x] > ws[y] || (ws[x] == ws[y] && x < y); });
       vector<int32_t> rule(order.begin(), order.begin() + kk);
       rule.resize(K, -1);
-      EXPECT_EQ(wt, rule) << what << ": topk_rows vs the CPU rule";
+      EXPECT_EQ(wt, topk_expected(rule)) << what << ": topk_rows vs the CPU rule";
     }
+  cu::set_topk_ranked(false);
   cu::IndexerTopkArgs bad;
   bad.heads = 32, bad.Di = 128, bad.k = 512, bad.ld = 2048, bad.counters = counters.p;
   EXPECT_ANY_THROW(cu::indexer_topk_fused(bad, s)) << "32 heads";

@@ -1309,10 +1309,14 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
 // so that equal floats stay equal keys). Histogram passes over 11, 11 and 10 key bits narrow a key prefix down to the
 // bin that holds the k-th largest entry; they stop as soon as that bin's entries are all taken (distinct scores: after
 // 22 bits). Then every entry above the prefix and the lowest-index entries inside it (the CPU tie rule) are
-// compacted, each warp over a contiguous slice of the row, and each candidate's place in the CPU's order (score
-// descending, index ascending) is the number of candidates above it.
-// One block of 1024 threads per query row; the row is cached in shared memory when it fits. Decode splits that last,
-// quadratic step over gridDim.y blocks of the same row, each redoing the (cheap, deterministic) select.
+// compacted, each warp over a contiguous slice of the row. Ranked (DSV4_TOPK_RANKED=1, topk_ranked()): each
+// candidate's place in the CPU's order (score descending, index ascending) is the number of candidates above it, a
+// quadratic step that decode splits over gridDim.y blocks of the same row, each redoing the (cheap, deterministic)
+// select. Unranked (the default): the selected set in ascending index order, written by the compaction itself -- the
+// attention sums its rows in any order (the order changes only the fp32 rounding of its sums), and the order step
+// was ~2.1 us of a CSA layer's top-k block (phase stamps, session 33: scores counted to top-k stored 7.3 -> 5.3 us;
+// A/B -1.0 to -1.3 us per layer).
+// One block of 1024 threads per query row; the row is cached in shared memory when it fits.
 // Block-wide barriers, 2K-entry row: 1 + 3 per pass (2 passes on distinct scores, at most 3) + 2 for the compaction:
 // 9 (was 1 + 4 per pass x 4 passes of 8 bits + 6 per 1024 entries for a scan-based compaction + 1: 30).
 constexpr int kTopkThreads = 1024;
@@ -1335,7 +1339,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 template <typename Mark>
 __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, int64_t pos0, int ratio, int k, int P,
                                                int cache, int32_t* topk, int t, int part_id, int parts,
-                                               unsigned long long* tk_sm, Mark mark) {
+                                               unsigned long long* tk_sm, bool ranked, Mark mark) {
   unsigned long long* cand = tk_sm;
   uint32_t* row = reinterpret_cast<uint32_t*>(tk_sm + P);
   // Two histograms: a pass clears the next pass's while it fills its own, so clearing needs no barrier of its own.
@@ -1417,6 +1421,8 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
   }
   // Compaction without block scans: warp w owns entries [w * C, (w + 1) * C); a first sweep counts its entries above
   // and inside the prefix bin (ballots), the warps' counts meet once in shared memory, a second sweep writes.
+  // Unranked (the default): the second sweep writes the selected indices straight to out in ascending index order --
+  // an entry is taken if above the prefix, or inside it among the `want` lowest-index ones -- and there is no order step.
   const int n_gt = kk - want;
   const int64_t C = (V + 32 * 32 - 1) / (32 * 32) * 32;
   const int64_t lo = w * C, hi = min(V, lo + C);
@@ -1432,6 +1438,22 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
   int base_gt = __reduce_add_sync(0xffffffffu, lane < w ? wgt[lane] : 0);
   int base_eq = __reduce_add_sync(0xffffffffu, lane < w ? weq[lane] : 0);
   const unsigned below = (1u << lane) - 1u;
+  if (!ranked) {
+    int at = base_gt + min(base_eq, want);  // entries taken before this warp's slice
+    for (int64_t b = lo; b < hi; b += 32) {
+      const int64_t i = b + lane;
+      const uint32_t m = i < hi ? key_at(i) & mask : 0u;
+      const bool eq = i < hi && m == prefix;
+      const unsigned be = __ballot_sync(0xffffffffu, eq);
+      const bool take = (i < hi && m > prefix) || (eq && base_eq + __popc(be & below) < want);
+      const unsigned bt = __ballot_sync(0xffffffffu, take);
+      if (take) out[at + __popc(bt & below)] = static_cast<int32_t>(i);
+      at += __popc(bt);
+      base_eq += __popc(be);
+    }
+    mark(9);
+    return;
+  }
   for (int64_t b = lo; b < hi; b += 32) {
     const int64_t i = b + lane;
     const uint32_t u = i < hi ? key_at(i) : 0u;
@@ -1467,25 +1489,27 @@ __device__ __forceinline__ void topk_radix_row(const float* scores, int64_t ld, 
 
 __global__ void __launch_bounds__(kTopkThreads) topk_radix_kernel(const float* scores, int64_t ld, int64_t pos0, int ratio,
                                                                  int k, int P, int cache, int32_t* topk,
-                                                                 const int64_t* dpos) {
+                                                                 const int64_t* dpos, bool ranked) {
   if (dpos) pos0 = *dpos;  // before the wait: a step constant (see pdl_wait)
   pdl_wait();
   extern __shared__ unsigned long long tk_sm[];  // P candidates (key << 32 | ~index), then the cached row keys
   topk_radix_row(scores, ld, pos0, ratio, k, P, cache, topk, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                 static_cast<int>(gridDim.y), tk_sm, [](int) {});
+                 static_cast<int>(gridDim.y), tk_sm, ranked, [](int) {});
 }
 
 // The single-token indexer in one launch (indexer_topk_fused): the scores of indexer_scores_v2<16> (tiles of 16 keys,
 // computed by the first 256 threads of a 1024-thread block: the same code, the same bits; all 1024 stage), then the
-// top-k of topk_radix_kernel by kTopkSplit more blocks of the same grid. (Tiles of 64 keys computed by all 1024
-// threads -- a quarter of the blocks -- measured slower: four times the shared-memory traffic per SM.) Roles go by arrival (a ticket taken after the wait), not by block index: the top-k blocks
-// are the last kTopkSplit to arrive, so every scoring block is already resident when they wait for the scores (no
-// deadlock, whatever the scheduler leaves out). The scoring blocks publish (fence) and count themselves; the top-k
+// top-k of topk_radix_kernel by one more block of the same grid (ranked: kTopkSplit more). (Tiles of 64 keys computed
+// by all 1024 threads -- a quarter of the blocks -- measured slower: four times the shared-memory traffic per SM.) Roles
+// go by arrival (a ticket taken after the wait), not by block index: the top-k blocks are the last to arrive, so
+// every scoring block is already resident when they wait for the scores (no deadlock, whatever the scheduler leaves
+// out). The scoring blocks publish (fence) and count themselves; the top-k
 // blocks wait for the count, and the last of them to finish zeroes the three counters for the next launch, which the
 // stream orders after this one (its tickets are taken after its own wait).
 constexpr int kIdxFusedKeys = 16, kIdxFusedActive = 256;
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(IndexerTopkArgs a, int nscore, int P,
-                                                                         int cache) {
+                                                                         int cache, bool ranked) {
+  const int tsplit = ranked ? kTopkSplit : 1;  // the top-k blocks (the last tsplit tickets)
   // (DSV4_PHASE_STAMPS builds) ph: the scoring block with ticket 0 -- 0 entry, 1 past the wait, 2 ticket, 3 scored;
   // pt: the first top-k block -- 0 entry, 1 past the wait, 2 ticket, 3 every score counted, 4 top-k stored (5..9:
   // topk_radix_row's steps).
@@ -1532,12 +1556,12 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_fused_kernel(Indexe
   }
   __syncthreads();
   PHASE_MARK2(pt, 3);
-  topk_radix_row(a.scores, a.ld, pos0, a.ratio, a.k, P, cache, a.topk, 0, ticket - nscore, kTopkSplit,
-                 reinterpret_cast<unsigned long long*>(fsm), [&](int i) { (void)i; PHASE_MARK2(pt, i); });
+  topk_radix_row(a.scores, a.ld, pos0, a.ratio, a.k, P, cache, a.topk, 0, ticket - nscore, tsplit,
+                 reinterpret_cast<unsigned long long*>(fsm), ranked, [&](int i) { (void)i; PHASE_MARK2(pt, i); });
   __syncthreads();
   PHASE_MARK2(pt, 4);
   PHASE_RECORD2(pt, "idx_topk_topk", nscore);
-  if (threadIdx.x == 0 && atomicAdd(done_ctr, 1) == kTopkSplit - 1) {
+  if (threadIdx.x == 0 && atomicAdd(done_ctr, 1) == tsplit - 1) {
     // Every block has taken its ticket (the top-k blocks were the last) and every top-k block is done.
     atomicExch(ticket_ctr, 0);
     atomicExch(scored_ctr, 0);
@@ -3311,6 +3335,12 @@ TopkSmem topk_smem(int k, int64_t ld) {
 }
 }  // namespace
 
+namespace {
+std::atomic<bool> g_topk_ranked{switch_opt_in("DSV4_TOPK_RANKED")};
+}  // namespace
+void set_topk_ranked(bool on) { g_topk_ranked.store(on, std::memory_order_relaxed); }
+bool topk_ranked() { return g_topk_ranked.load(std::memory_order_relaxed); }
+
 void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, int k, int32_t* topk, cudaStream_t s,
                const int64_t* dpos) {
   if (n <= 0) return;
@@ -3319,9 +3349,10 @@ void topk_rows(const float* scores, int n, int64_t ld, int64_t pos0, int ratio, 
   const int P = tk.P, cache = tk.cache;
   const size_t sm = tk.bytes;
   set_smem(reinterpret_cast<const void*>(topk_radix_kernel), sm);
-  // A few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
-  const unsigned split = n <= 4 ? kTopkSplit : 1;
-  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos);
+  // Ranked, a few rows (decode): kTopkSplit blocks per row share the ordering of its candidates; SMs are idle anyway.
+  const bool ranked = topk_ranked();
+  const unsigned split = ranked && n <= 4 ? kTopkSplit : 1;
+  launch(topk_radix_kernel, dim3(n, split), kTopkThreads, sm, s, scores, ld, pos0, ratio, k, P, cache, topk, dpos, ranked);
   DSV4_LAUNCHED();
 }
 
@@ -3350,7 +3381,9 @@ void indexer_topk_fused(const IndexerTopkArgs& a, cudaStream_t s) {
   const int P = tk.P, cache = tk.cache;
   const size_t sm = std::max(score_sm, tk.bytes);
   set_smem(reinterpret_cast<const void*>(indexer_topk_fused_kernel), sm);
-  launch(indexer_topk_fused_kernel, static_cast<unsigned>(nscore + kTopkSplit), kTopkThreads, sm, s, a, nscore, P, cache);
+  const bool ranked = topk_ranked();
+  launch(indexer_topk_fused_kernel, static_cast<unsigned>(nscore + (ranked ? kTopkSplit : 1)), kTopkThreads, sm, s, a,
+         nscore, P, cache, ranked);
   DSV4_LAUNCHED();
 }
 

@@ -288,8 +288,9 @@ void indexer_q_prep(float* q, int n, int heads, int64_t Di, int64_t R, const flo
 void set_indexer_q_reg(bool on);
 bool indexer_q_reg();
 // scores[t, w] = sum_h relu(q_th . k_w) * qscale * (wts[t, h] * wscale) ([official] bf16) for w < (pos0+t+1)/ratio,
-// -inf beyond; row stride ld_scores. Then topk[t, :] = indices of the k largest in order (score desc, ties: lower
-// index first), -1 padding; exact radix select + bitonic sort, k <= 2048.
+// -inf beyond; row stride ld_scores. Then topk[t, :] = the indices of the k largest (ties: the lower indices), in
+// ascending index order, -1 padding; exact radix select, k <= 2048. DSV4_TOPK_RANKED=1 / set_topk_ranked(true): in
+// the CPU's order instead (score descending, ties: lower index first; A/B -- the consumers take the set in any order).
 void indexer_scores(const float* q, const float* wts, const float* keys, int n, int heads, int64_t Di, int64_t pos0,
                     int ratio, int64_t n_keys, bool official, float* scores, int64_t ld_scores, cudaStream_t s,
                     const int64_t* dpos = nullptr);
@@ -299,6 +300,8 @@ void set_indexer_wg(bool on);
 bool indexer_uses_wg(int n, int heads, int64_t Di, bool official, const int64_t* dpos);
 void topk_rows(const float* scores, int n, int64_t ld_scores, int64_t pos0, int ratio, int k, int32_t* topk,
                cudaStream_t s, const int64_t* dpos = nullptr);
+void set_topk_ranked(bool on);
+bool topk_ranked();
 // One token's indexer_scores then topk_rows as ONE launch (decode; 64 heads): the same scores for the visible keys
 // (entries past them are not written) and the same top-k, bit for bit. counters: 3 device ints, zero before the first
 // launch (each launch leaves them zero); launches that share them must be ordered (one stream). DSV4_INDEXER_FUSED=0

@@ -121,8 +121,8 @@ class Backend {
   // Feeds the chunk through a compressor, appending every entry it completes to the state's compressed cache.
   virtual void compressor_step(int layer, CompressorKind which, const float* x, int n, int64_t pos0,
                                SequenceState& st) = 0;
-  // Lightning indexer: topk[n, index_topk] = entries chosen for each query (-1 = none), only visible ones, in a
-  // backend-defined order (CPU: score descending; CUDA: ascending index) -- attend() takes the set in any order.
+  // Lightning indexer: topk[n, index_topk] = entries chosen for each query (-1 = none), only visible ones, in an
+  // order each backend defines -- attend() takes the set in any order.
   virtual void indexer_topk(int layer, const float* x, const float* qr, int n, int64_t pos0, SequenceState& st,
                             int32_t* topk) = 0;
   // Sparse attention with sink over: window (ring entries of earlier chunks + this chunk's kv) and compressed

@@ -1322,7 +1322,7 @@ __global__ void __launch_bounds__(256) indexer_scores_v2(const float* q, const f
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkMaxK = 2048;
 constexpr int kTopkBins = 2048;  // 11-bit digits
-constexpr int kTopkSplit = 8;    // decode: blocks per row, each placing k / 8 candidates
+constexpr int kTopkSplit = 8;    // ranked decode: blocks per row, each placing k / 8 candidates
 static_assert(kTopkBins == 2 * kTopkThreads, "the digit scan gives each thread two bins");
 
 __device__ __forceinline__ uint32_t order_key(float f) {

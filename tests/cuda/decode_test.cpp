@@ -380,7 +380,7 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
 
 // The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel, the mHC Sinkhorn
 // deferred to the posts or to the router's / norm_rope2's extra blocks, the MoE sum in the next post, the indexer's
-// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV) and the compressor / indexer side stream against the same model with all of them off:
+// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV, gate/up's shared walk before its wait) and the compressor / indexer side stream against the same model with all of them off:
 // bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (window_store
 // skipping the row attend already stored, attn_out skipping its norm_rope, the fork and join around the compressor
 // and indexer ops, and for batched decode the re-fork per row). On these tiny fixtures (hc_mult 4) all of them
@@ -393,6 +393,7 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_attend_derope_fuse(on);
     cuda::set_hc_defer_sinkhorn(on);
     cuda::set_expert_stage_batch(on);
+    cuda::set_expert_x_early(on);
     cuda::set_indexer_fused(on);
     cuda::set_wqb_stack(on);
     cuda::set_comp_beside(on);

@@ -1283,6 +1283,15 @@ void run_decode_experts_mma(int64_t d, int64_t I, bool shared) {
           EXPECT_EQ(0, std::memcmp(act6.get().data(), act5.get().data(), act5.n * 4)) << "gate/up: batched vs per-row staging";
           EXPECT_EQ(0, std::memcmp(y6.get().data(), y5.get().data(), y5.n * 4)) << "down: batched vs per-row staging";
         }
+        {
+          // gate/up's shared walk before the wait, each warp reading the selection past it (ExpertArgs::x_early, what
+          // decode steps set): the same walks and stagings in another order of waiting -- the same bits.
+          DBuf<float> act7(static_cast<size_t>((k + 1) * I));
+          cu::ExpertArgs b7 = b;
+          b7.act = act7.p, b7.x_early = true;
+          cu::expert_gate_up(b7, nullptr);
+          EXPECT_EQ(0, std::memcmp(act7.get().data(), act5.get().data(), act5.n * 4)) << "gate/up: x_early vs waiting first";
+        }
         cu::set_expert_f16(false);
         const bool only = shared || !down_ring;  // "shared FMA" with a fused shared expert takes the full kernel
         EXPECT_GE(cu::expert_f16_launches() - f0, only ? (down_ring ? 2 : 1) : 0) << "the f16 walk ran";

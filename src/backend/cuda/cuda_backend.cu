@@ -1487,6 +1487,11 @@ class CudaBackend final : public Backend {
     r.norm_topk = c_.norm_topk_prob, r.scaling = static_cast<float>(c_.routed_scaling_factor);
     r.sel = sel, r.wts = wts;
     if (comb) r.comb = deferred_comb(comb);
+    // Decode with the fused shared expert: the gate/up launch right after the router stages x (written before the gate
+    // GEMV) and walks the shared expert before its wait, and the router lets it launch at the router's start
+    // (ExpertArgs::x_early, RouterArgs::trigger_early: only when gate/up reads x itself, as decided below).
+    const bool x_early = fuse && n == 1 && official_ && lowp_e && cuda::expert_x_early_enabled();
+    r.trigger_early = x_early;
     plain(L.gate, x, n, logits);
     cuda::router(r, s_);
     const bool lowp = lowp_e;
@@ -1522,6 +1527,10 @@ class CudaBackend final : public Backend {
         a.qa8_x = cuda::expert_gate_up_stages_x(a);
         if (!a.qa8_x) a.x = qa8_x();
       }
+      // x_early needs x as the caller's buffer (not a QA8 kernel's output, launched right before) -- and the router's
+      // early trigger needs this launch to read nothing else early: both hold where the kernel stages x itself.
+      if (x_early && !a.qa8_x) fail("moe: the router triggered early for a gate/up launch that does not stage x");
+      a.x_early = x_early;
       cuda::expert_gate_up(a, s_);
     }
     part.reset();

@@ -164,15 +164,18 @@ __device__ __forceinline__ void stage_x_f16p(const float* __restrict__ x, int64_
 // one round trip per block: ~7 in a row per warp in down's, before its first MMA). Each block's QA8 is the same
 // arithmetic whichever warp does it: the same bits as the stagings above.
 constexpr int kStageBatch = 8;
+// cg: the blocks read through L2 (ld.global.cg), past any L1 line -- for a read before griddepcontrol.wait of data an
+// earlier kernel wrote (ExpertArgs::x_early).
 template <typename Src, typename Put>
-__device__ __forceinline__ void stage_qa8_blocks(int count, Src src, Put put) {
+__device__ __forceinline__ void stage_qa8_blocks(int count, Src src, Put put, bool cg = false) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int base = warp; base < count; base += kStageBatch * nw) {
     float4 v[kStageBatch];
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       const int i = base + u * nw;
-      if (i < count) v[u] = __ldg(reinterpret_cast<const float4*>(src(i)) + lane);
+      const float4* p = reinterpret_cast<const float4*>(src(i)) + lane;
+      if (i < count) v[u] = cg ? __ldcg(p) : __ldg(p);
     }
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {

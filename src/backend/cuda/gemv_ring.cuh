@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   // batch (F16R with once; expert_stage_batch): stage_routed_m and stage_shared_m as one stage_qa8_blocks pass, so
   // a warp's blocks are requested together -- gate/up: each 128-block of x read once for both layouts; down: the k
   // routed act rows' blocks, then the shared row's. The same bits.
-  auto stage_both_batched = [&] {
+  auto stage_both_batched = [&](bool cg = false) {  // cg: x read through L2 (before the wait: x_early)
     if constexpr (F16R) {
       __half* xh = reinterpret_cast<__half*>(xcodes);
       if (GATE_UP) {
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
                          [&](int i, __nv_fp8x2_storage_t e01, __nv_fp8x2_storage_t e23, float s) {
                            put_f16p(e01, e23, s, xh + static_cast<int64_t>(i) * 128, xscales + i);
                            put_e4m3_nat(e01, e23, s, xc2 + static_cast<int64_t>(i) * 128, xsc2 + i);
-                         });
+                         }, cg);
       } else {
         const int KB = static_cast<int>(a.I / 128);
         stage_qa8_blocks((k + 1) * KB, [&](int i) { return a.act_q + static_cast<int64_t>(i) * 128; },
@@ -315,7 +315,9 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   };
   // The shared expert's walk (has_sh); PRE: its first copies are issued before griddepcontrol.wait (ring_walk).
   // ROLE (once, MMA walk only): 1 = the first walk (gate/up): it stages the routed walk's input too and reads the
-  // selection; 2 = the second walk (down): the routed walk staged its input, no staging, no block barrier.
+  // selection; 2 = the second walk (down): the routed walk staged its input, no staging, no block barrier; 3 = gate/up's
+  // first walk with x_early (batch only, PRE false): it stages both inputs before any wait (x through L2) and does
+  // not read the selection (x_early_selection does, past the wait).
   auto walk_shared = [&](auto pre, auto role) {
     constexpr bool PRE = decltype(pre)::value;
     constexpr int ROLE = decltype(role)::value;
@@ -389,6 +391,10 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
       mma_walk<PRE, 8, true, false>(gwg, nwg, per2, K2, smem + warp * C::WarpBytes, rows2_of,
                              [&](int64_t) -> const uint8_t* { return xc2; }, [&](int64_t) -> const float* { return xsc2; },
                              flush2_m, [&] {
+                               if constexpr (ROLE == 3) {
+                                 stage_both_batched(true);
+                                 return;
+                               }
                                if constexpr (ROLE == 1) {
                                  if (batch) {
                                    load_selection();
@@ -416,12 +422,45 @@ __global__ void __launch_bounds__(C::T, 1) expert_ring_kernel(ExpertArgs a, int 
   using Role0 = std::integral_constant<int, 0>;
   using Role1 = std::integral_constant<int, 1>;
   using Role2 = std::integral_constant<int, 2>;
+  using Role3 = std::integral_constant<int, 3>;
   once = once && F == kFP4 && mma == 2 && has_sh;  // the launcher sets it only there; the kernel relies on it
   batch = batch && once && F16R;
+  // x_early (ExpertArgs): the shared walk before the wait; then each warp passes the wait on its own and the first
+  // one to get there loads the selection for the block (ex_state 0 -> 1 -> 2), so that no block barrier holds the
+  // warps without shared tiles (they go straight to their routed tiles, as with ROLE 1) behind the shared ones.
+  const bool early = GATE_UP && a.x_early && batch;
+  static_assert(kTilesMaxK <= 32, "x_early_selection: one warp loads the selection");
+  __shared__ int ex_state;
+  if (early && threadIdx.x == 0) ex_state = 0;  // published by the shared walk's block barrier (sync = true)
+  auto x_early_selection = [&] {
+    pdl_wait();  // every thread: the routed flushes read the router's weights (a.wts)
+    int leader = 0;
+    if (lane == 0) leader = atomicCAS(&ex_state, 0, 1) == 0;
+    leader = __shfl_sync(0xffffffffu, leader, 0);
+    if (leader) {
+      if (lane < k) ex[lane] = a.table[__ldcg(a.sel + lane)];
+      __threadfence_block();
+      __syncwarp();
+      if (lane == 0) atomicExch(&ex_state, 2);
+    } else {
+      if (lane == 0)
+        while (atomicAdd(&ex_state, 0) != 2) {
+        }
+      __syncwarp();
+      __threadfence_block();
+    }
+  };
   if constexpr (GATE_UP) {
-    if (has_sh && once) walk_shared(std::true_type{}, Role1{});  // stages both inputs and reads the selection
-    else if (has_sh) walk_shared(std::true_type{}, Role0{});
-    else pdl_wait();
+    if (early) {
+      walk_shared(std::false_type{}, Role3{});  // stages both inputs before any wait
+      x_early_selection();
+    } else if (has_sh && once) {
+      walk_shared(std::true_type{}, Role1{});  // stages both inputs and reads the selection
+    } else if (has_sh) {
+      walk_shared(std::true_type{}, Role0{});
+    } else {
+      pdl_wait();
+    }
     PHASE_MARK(1);
   }
   if (!(GATE_UP && once)) {

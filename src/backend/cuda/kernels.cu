@@ -2172,6 +2172,7 @@ __global__ void router_kernel(RouterArgs a, bool prefilter) {
   // The constant bias is requested before griddepcontrol.wait (it overlaps the gate GEMV's tail); the logits after.
   PHASE_DECL;  // (DSV4_PHASE_STAMPS builds) 0 entry, 1 past the wait, 2 routed
   PHASE_MARK(0);
+  if (a.trigger_early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // RouterArgs::trigger_early
   route_load_bias(a, sm);
   pdl_wait();
   PHASE_MARK(1);
@@ -3997,7 +3998,10 @@ int64_t expert_f16_launches() { return g_f16_launches.load(std::memory_order_rel
 // The kernel's batch argument (DSV4_EXPERT_STAGE_BATCH, default on; set_expert_stage_batch(false): off): the once-staged
 // inputs of the f16 walk's launches as one pass with each warp's blocks requested together (stage_expert_blocks).
 std::atomic<bool> g_expert_stage_batch_on{switch_on("DSV4_EXPERT_STAGE_BATCH")};
+std::atomic<bool> g_expert_x_early_on{switch_on("DSV4_EXPERT_X_EARLY")};
 void set_expert_stage_batch(bool on) { g_expert_stage_batch_on.store(on, std::memory_order_relaxed); }
+void set_expert_x_early(bool on) { g_expert_x_early_on.store(on, std::memory_order_relaxed); }
+bool expert_x_early_enabled() { return g_expert_x_early_on.load(std::memory_order_relaxed); }
 // The kernel's once argument: the MMA walks with the fused shared expert on the MMAs (mode 2) stage both inputs once.
 bool expert_stage_once(int mode, bool has_sh) { return mode == 2 && has_sh && g_expert_stage_once_on.load(std::memory_order_relaxed); }
 // The decode ring launch of expert_gate_up (GATE_UP) / expert_down: one persistent pass over the k selected experts

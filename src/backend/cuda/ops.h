@@ -426,8 +426,15 @@ struct RouterArgs {
   // One token: the FFN pre's deferred comb, finished beside the routing (DeferredComb; the expert launches before its
   // post fill every SM).
   DeferredComb comb;
+  // The router lets its successor launch at its start, before its own wait (griddepcontrol.launch_dependents first):
+  // only where that successor reads nothing before ITS wait but constants and data written three or more kernels back
+  // (the decode gate/up launch with ExpertArgs::x_early). Same results; the gate/up launch starts ~2 us earlier.
+  bool trigger_early = false;
 };
 void router(const RouterArgs& a, cudaStream_t s);
+// ExpertArgs::x_early / RouterArgs::trigger_early in decode steps (CudaBackend; DSV4_EXPERT_X_EARLY=0 / false: off).
+void set_expert_x_early(bool on);
+bool expert_x_early_enabled();
 // The router's comb Sinkhorn in decode steps (CudaBackend; DSV4_ROUTER_SINKHORN=0 / false: the post runs it, A/B).
 void set_router_sinkhorn(bool on);
 bool router_sinkhorn_enabled();
@@ -528,6 +535,12 @@ struct ExpertArgs {
   // expert_ring_shared_ok() says whether they can be fused; passing them where it does not hold throws.
   const DevLinear* shared13 = nullptr;
   const DevLinear* shared2 = nullptr;
+  // Decode gate/up with the fused shared expert staging both inputs once (the default MMA launch): x was written
+  // three or more kernels back in this stream -- the router and its gate GEMV, the two before, do not write it -- so
+  // the shared walk stages x and walks before griddepcontrol.wait, which each warp then passes only before its routed
+  // tiles (they need the router's selection and weights). The launcher ignores it on other launches. (CudaBackend
+  // sets it with RouterArgs::trigger_early; DSV4_EXPERT_X_EARLY=0: off.)
+  bool x_early = false;
   // Every expert of the table has its tile-major copies (DevExpert::t13 / t2): the decode MMA walk reads those
   // instead of the row-major rows (same bytes, same arithmetic: bit-identical results).
   bool tiles = false;

@@ -248,17 +248,13 @@ TEST(CudaSpeculative, FlashShapedRecordedPairsMatchPlainStepsReference) {
 
 // Single-token decode graphs at Flash shapes (the same 4 synthetic layers, both numerics, the compressor / indexer side
 // branches on): 160 steps from position 100, recorded twice and launched op by op. Two recorded runs: bit for bit (a
-// race shows here); a third recorded run with the indexer's scores and top-k as two launches, a fourth with
-// DSV4_IDX_Q_FIRST toggled (the indexer's branch beside wq_b's GEMV): bit for bit too.
+// race shows here); a third recorded run with the indexer's scores and top-k as two launches: bit for bit too.
 // Recorded vs eager: printed, and within rel L2 1e-4 (reference) / 5e-2 (official) per step.
 void flash_shaped_steps_recorded_match_eager(Numerics nm) {
   {
-    std::vector<std::vector<float>> got[5];
-    const int qfirst = cuda::idx_q_first_sms();
-    for (int g = 0; g < 5; ++g) {
+    std::vector<std::vector<float>> got[4];
+    for (int g = 0; g < 4; ++g) {
       cuda::set_indexer_fused(g != 3);  // run 3: recorded, the indexer's scores and top-k as two launches
-      // run 4: recorded, the indexer's queries first (on if the default is off, off if it is on)
-      cuda::set_idx_q_first_sms(g == 4 ? (qfirst > 0 ? 0 : 16) : qfirst);
       SyntheticCheckpoint syn = make_synthetic_checkpoint("flash", 4);
       const ModelConfig cfg = syn.cfg;
       Model m(cfg, std::move(syn.ckpt), make_cuda_backend(CudaOptions{g >= 1}), nm);
@@ -276,7 +272,6 @@ void flash_shaped_steps_recorded_match_eager(Numerics nm) {
       }
     }
     cuda::set_indexer_fused(true);
-    cuda::set_idx_q_first_sms(qfirst);
     auto differ = [&](int x, int y, int64_t* first, double* worst) {
       int d = 0;
       *first = -1, *worst = 0;
@@ -300,11 +295,6 @@ void flash_shaped_steps_recorded_match_eager(Numerics nm) {
     EXPECT_EQ(d_gg, 0) << numerics_name(nm);
     EXPECT_EQ(d_fu, 0) << numerics_name(nm) << ": the fused indexer (64 heads) vs its two launches, first at " << f_fu
                        << ", worst rel L2 " << w_fu;
-    int64_t f_qf;
-    double w_qf;
-    const int d_qf = differ(1, 4, &f_qf, &w_qf);
-    EXPECT_EQ(d_qf, 0) << numerics_name(nm) << ": DSV4_IDX_Q_FIRST " << (qfirst > 0 ? "off" : "on") << " vs the default, first at "
-                       << f_qf << ", worst rel L2 " << w_qf;
     EXPECT_LE(w_eg, nm == Numerics::Reference ? 1e-4 : 5e-2) << numerics_name(nm);
   }
 }
@@ -390,16 +380,13 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
 
 // The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel, the mHC Sinkhorn
 // deferred to the posts or to the router's / norm_rope2's extra blocks, the MoE sum in the next post, the indexer's
-// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV or the indexer's queries first, gate/up's
-// shared walk before its wait) and the compressor / indexer side stream against the same model with all of them off:
+// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV, gate/up's shared walk before its wait) and the compressor / indexer side stream against the same model with all of them off:
 // bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (window_store
 // skipping the row attend already stored, attn_out skipping its norm_rope, the fork and join around the compressor
 // and indexer ops, and for batched decode the re-fork per row). On these tiny fixtures (hc_mult 4) all of them
 // engage at every single-token step.
 TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
-  static const int qfirst0 = cuda::idx_q_first_sms();  // the default (DSV4_IDX_Q_FIRST)
   auto set_all = [](bool on) {
-    cuda::set_idx_q_first_sms(on ? qfirst0 : 0);
     cuda::set_attend_store_fuse(on);
     cuda::set_attend_rows_early(on);
     cuda::set_attn_fork(on);
@@ -463,21 +450,6 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
         };
         all_but(cuda::set_wqb_stack, "two wq_b GEMVs (DSV4_WQB_STACK=0)");
         all_but(cuda::set_topk_main, "the indexer's scores + top-k on its branch (DSV4_TOPK_MAIN=0)");
-        // The indexer's queries first, wq_b leaving SMs to its branch (DSV4_IDX_Q_FIRST): on and off against the
-        // default, whichever that is.
-        const int qfirst = cuda::idx_q_first_sms();
-        for (int sms : {0, 8}) {
-          if (sms == qfirst) continue;
-          cuda::set_idx_q_first_sms(sms);
-          {
-            Model m(dir, make_cuda_backend(CudaOptions{graphs}), nm);
-            got = decode_logits(m, ids, 9);
-          }
-          cuda::set_idx_q_first_sms(qfirst);
-          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
-              << name << " " << numerics_name(nm) << (graphs ? " graphs" : " eager") << " DSV4_IDX_Q_FIRST=" << sms
-              << ": rel L2 " << rel_l2(got, want);
-        }
       }
     // Batched decode (forward_batch: the per-row matching of stored / de-roped rows), fusions off vs on, bit for bit.
     for (Numerics nm : {Numerics::Reference, Numerics::Official}) {

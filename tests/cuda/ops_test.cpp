@@ -301,16 +301,6 @@ void run_linear(int64_t out, int64_t in, int n, bool official, WeightFormat fmt 
       const Stats st = cmp(dt.get(), dr.get());
       std::printf("[op] tensor-core vs FMA GEMV %lldx%lld (unrounded): rel L2 %.3g\n", (long long)out, (long long)in, st.rel);
       EXPECT_LE(st.rel, 2e-5) << "tensor-core GEMV vs the FMA kernels";  // as the prefill GEMM vs GEMV bound
-      // LinearArgs::reserve_sms (SMs left to a side branch, DSV4_IDX_Q_FIRST): the persistent kernel on fewer blocks,
-      // each tile's K split unchanged -- the same bits, unrounded, for a few reserves (one past the SM count clamps).
-      const auto yt = dt.get();
-      for (int reserve : {1, 16, 40, 100000}) {
-        DBuf<float> dv(ref.size());
-        cu::LinearArgs v = u;
-        v.y = dv.p, v.reserve_sms = reserve;
-        cu::linear(W, v, nullptr);
-        EXPECT_EQ(0, std::memcmp(dv.get().data(), yt.data(), ref.size() * 4)) << "reserve_sms " << reserve << ", " << out << "x" << in;
-      }
     }
   }
   // Batched-decode sizes (2 .. 8 tokens) with qa8_x take the multi-token tensor-core GEMV (FP8, >= 1024 rows): against
@@ -386,7 +376,6 @@ TEST(CudaOps, PrefillGemm) {
 }
 TEST(CudaOps, Fp8LinearWqbShape) {
   for (bool off : {false, true}) run_linear(32768, 1024, 1, off);
-  run_linear(8192, 1024, 1, true);  // the indexer's wq_b alone (DSV4_IDX_Q_FIRST)
 }
 // Batched decode (2 .. 15 tokens) on the multi-token tensor-core GEMV at the Flash shapes it serves: wq_a (n = 5 is in
 // Fp8LinearWqaShape), wq_b, wo_b (K = 8192: 3 ring stages at any n > 1, the staged rows leave no room for 6; at most

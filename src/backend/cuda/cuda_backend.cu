@@ -705,7 +705,7 @@ class CudaBackend final : public Backend {
     // compressor / indexer ops) are ordered after it. A no-op otherwise.
     join_attn_side();
     stored_rows_.clear(), deroped_.clear();
-    stacked_qi_ = nullptr, stacked_layer_ = -1, idx_q_first_layer_ = -1;
+    stacked_qi_ = nullptr, stacked_layer_ = -1;
     const DevLayer& L = lay(layer);
     const int64_t D = c_.head_dim, ql = c_.q_lora_rank;
     const int H = heads();  // this rank's query heads (all of them without TP)
@@ -762,26 +762,8 @@ class CudaBackend final : public Backend {
     // pass of its own over the n x 32768 output. Decode keeps it in the GEMV's epilogue (free there).
     const bool defer_round = official_ && n > 1;
     b.round_x = defer_round;
-    const bool one_row = n == 1 && attn_side_open_ && tp_ == 1 && !batch_step_ && !in_row_loop_;
-    if (one_row && L.idx_wq_b.w && cuda::idx_q_first_sms() > 0) {
-      // Indexer queries first (DSV4_IDX_Q_FIRST=N): the indexer's wq_b on every SM, then wq_b leaving N SMs to the
-      // indexer's branch (after wqb_ev_: q_prep, scores + top-k), which in the stacked GEMV below waited for the whole
-      // 40 MB walk and then ran alone while the attention waited (phase stamps, session 34: 23.5 us past the GEMV's
-      // end). indexer_topk takes the queries and leaves its top-k on the branch (attend joins it).
-      float* qI = scratch(3, static_cast<size_t>(L.idx_wq_b.out));  // indexer_topk's query slot
-      part.emplace(this, "attn_qkv/idx_wq_b", true);
-      lin(L.idx_wq_b, qr, 1, qI, true);
-      DSV4_CU(cudaEventRecord(wqb_ev_, s_));
-      stacked_qi_ = qI, stacked_layer_ = layer, idx_q_first_layer_ = layer;
-      part.reset();
-      part.emplace(this, "attn_qkv/wq_b", true);
-      lin(L.wq_b, qr, 1, q, true, cuda::idx_q_first_sms());
-      part.reset();
-      part.emplace(this, "attn_qkv/q_rope", true);
-      cuda::norm_rope(b, s_);
-      return;
-    }
-    if (one_row && L.wq_b_idx.w && cuda::wqb_stack_enabled()) {
+    if (n == 1 && attn_side_open_ && tp_ == 1 && !batch_step_ && !in_row_loop_ && L.wq_b_idx.w &&
+        cuda::wqb_stack_enabled()) {
       // One GEMV for wq_b and the indexer's wq_b (default; DSV4_WQB_STACK=0: two): both are persistent tensor-core
       // GEMVs over every SM, which cannot overlap anyway. The query RoPE reads the stacked output; indexer_topk takes
       // its queries from the rest, on its branch after wqb_ev_.
@@ -910,8 +892,7 @@ class CudaBackend final : public Backend {
       // stamps, session 32: past its wait 3.7-4.1 us after the top-k's end before, 2.5 now). The same kernel on
       // another stream: the same bits.
       // (One GPU only: TP2 was not measured with it -- no 2-GPU machine in session 32 -- so a rank keeps its branch.)
-      // Not with the queries first (attn_qkv): the top-k then runs beside wq_b's GEMV, which it would follow here.
-      if (fork && tp_ == 1 && !batch_step_ && !in_row_loop_ && cuda::topk_main_enabled() && idx_q_first_layer_ != layer) {
+      if (fork && tp_ == 1 && !batch_step_ && !in_row_loop_ && cuda::topk_main_enabled()) {
         side.reset();
         join_branch(kSideIdx);
         attn_wait_gen_[kSideIdxQ] = -1;  // joined through kSideIdx (it waited on idx_q_ev_ above)
@@ -1922,13 +1903,11 @@ class CudaBackend final : public Backend {
   }
 
   // y = x . W^T as the CPU's linear(): QA8 activations for FP8/FP4 weights and BF16 outputs in official numerics.
-  // reserve_sms: LinearArgs::reserve_sms (SMs the tensor-core GEMV leaves to a side branch).
-  void lin(const DevLinear& W, const float* x, int n, float* y, bool round = true, int reserve_sms = 0) {
+  void lin(const DevLinear& W, const float* x, int n, float* y, bool round = true) {
     const float* xin = x;
     if (official_ && W.low_precision()) {
       cuda::LinearArgs f;  // a single-token GEMV quantizes x while staging it: no QA8 kernel
       f.x = x, f.ldx = W.in, f.n = n, f.y = y, f.ldy = W.out, f.round_bf16 = round, f.qa8_x = true;
-      f.reserve_sms = reserve_sms;
       // A single-token GEMV, or (DSV4_GEMM_QA8=1) the prefill GEMM, quantizes x while staging / splitting it.
       if (cuda::gemv_stages_x(W, f) || cuda::prefill_gemm_runs(W, f, s_)) {
         cuda::linear(W, f, s_);
@@ -1941,7 +1920,6 @@ class CudaBackend final : public Backend {
     cuda::LinearArgs a;
     a.x = xin, a.ldx = W.in, a.n = n, a.y = y, a.ldy = W.out, a.round_bf16 = official_ && round;
     a.x_bf16_exact = official_ && W.low_precision();
-    a.reserve_sms = reserve_sms;
     cuda::linear(W, a, s_);
   }
   // A linear whose input's QA8 other linears share (input_for(W): QA8(x) where W needs it, computed once): a batched-
@@ -2066,7 +2044,6 @@ class CudaBackend final : public Backend {
   cudaEvent_t wqb_ev_ = nullptr;  // after attn_qkv's stacked wq_b GEMV (cuda::wqb_stack_enabled): the indexer queries wait on it
   float* stacked_qi_ = nullptr;   // the indexer's queries in that GEMV's output, for indexer_topk of stacked_layer_
   int stacked_layer_ = -1;
-  int idx_q_first_layer_ = -1;  // attn_qkv ran the indexer's queries first (cuda::idx_q_first_sms) for this layer
   bool in_row_loop_ = false;      // attn_qkv_row_loop is running
   bool attn_side_open_ = false;
   const float *qkv_q_ = nullptr, *qkv_kv_ = nullptr;  // the last single-token attn_qkv's outputs (see attend())

@@ -2905,8 +2905,7 @@ void gemv(const DevLinear& W, const LinearArgs& a, cudaStream_t s) {
     // Every warp needs >= 1 K block (its barriers are counted per block step): the kernel relies on wpt <= KB.
     if (wpt > W.in / 128) fail("gemv: tensor-core GEMV with K = ", W.in, " < 128 x ", wpt);
     const int64_t tiles = W.out / 16, per_block = kTcgWarps / wpt;
-    const int64_t sms = sm_count() - std::clamp(a.reserve_sms, 0, sm_count() - 1);  // LinearArgs::reserve_sms
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sms, (tiles + per_block - 1) / per_block));
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sm_count(), (tiles + per_block - 1) / per_block));
     if (a.n == 1) {
       const size_t sm = tc_gemv_smem(W.in);
       allow_smem(gemv_tc_fp8_kernel, sm);
@@ -3681,13 +3680,7 @@ void set_hc_defer_sinkhorn(bool on) { g_hc_defer_sinkhorn_on.store(on, std::memo
 bool hc_defer_sinkhorn_enabled() { return g_hc_defer_sinkhorn_on.load(std::memory_order_relaxed); }
 namespace {
 std::atomic<bool> g_wqb_stack_on{switch_on("DSV4_WQB_STACK")};
-std::atomic<int> g_idx_q_first_sms{[] {
-  const char* e = std::getenv("DSV4_IDX_Q_FIRST");
-  return e ? std::max(0, std::atoi(e)) : 0;
-}()};
 }  // namespace
-void set_idx_q_first_sms(int n) { g_idx_q_first_sms.store(std::max(0, n), std::memory_order_relaxed); }
-int idx_q_first_sms() { return g_idx_q_first_sms.load(std::memory_order_relaxed); }
 void set_wqb_stack(bool on) { g_wqb_stack_on.store(on, std::memory_order_relaxed); }
 bool wqb_stack_enabled() { return g_wqb_stack_on.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }

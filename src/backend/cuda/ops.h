@@ -68,11 +68,6 @@ struct LinearArgs {
   // off an SM until it leaves (on a CSA layer the indexer's scores waited ~6.5 us behind that GEMV: phase stamps,
   // session 32); where the ring would have run, the 256-thread kernel without a K split instead (the ring's bits).
   bool beside = false;
-  // The tensor-core GEMV (gemv_tc_eligible) leaves this many SMs without a block: its blocks (one per SM, 512 threads,
-  // most of the shared memory) keep every other kernel off the SMs they hold, so a side branch meant to run beside it
-  // (decode's indexer chain beside wq_b, DSV4_IDX_Q_FIRST) needs SMs of its own. The kernel is persistent and its
-  // K split depends only on W.in: the same bits for any grid. Other kernels ignore it.
-  int reserve_sms = 0;
 };
 // Prefill-sized linears (n >= kGemmMinTokens, eager) run as one cuBLASLt BF16 tensor-core GEMM whose operands are
 // exact sums of BF16 terms (prefill_gemm.cu, bf16_split.cuh): the result is the GEMV's up to fp32 summation order.
@@ -488,12 +483,6 @@ bool topk_main_enabled();
 // (docs/BENCHMARKS.md, session 29, one H200, 20 Flash layers): -1.4 us per layer over 5 alternating pairs.
 void set_wqb_stack(bool on);
 bool wqb_stack_enabled();
-// A CSA layer's single-token step (one GPU, one sequence), "indexer queries first": the indexer's wq_b GEMV on every SM
-// first, then wq_b's GEMV leaving this many SMs free (LinearArgs::reserve_sms) for the indexer's queries, scores and
-// top-k on their branch, which no longer wait behind wq_b's output (0: off, the stacked GEMV above or two GEMVs
-// in series; DSV4_IDX_Q_FIRST=N / set_idx_q_first_sms(N)). The same GEMVs and kernels: bit-identical results.
-void set_idx_q_first_sms(int n);
-int idx_q_first_sms();
 // The verify pair (CudaBackend::pair_rows) as a recorded two-row step in reference numerics too (official numerics
 // always on one GPU): default on; DSV4_PAIR_ROWS_REFERENCE=0 / false: the two-token chunk in reference numerics.
 void set_pair_rows_reference(bool on);

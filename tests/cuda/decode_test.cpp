@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops.h"
+#include "core/error.h"
 #include "dsv4/engine.h"
 #include "model/synthetic_weights.h"
 #include "numeric/quant_sim.h"
@@ -380,12 +381,13 @@ TEST(CudaGraph, ReplayIsBitIdenticalToEager) {
 
 // The decode fusions (the window store and attn_out's inverse RoPE in the attention's merge kernel, the mHC Sinkhorn
 // deferred to the posts or to the router's / norm_rope2's extra blocks, the MoE sum in the next post, the indexer's
-// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV, gate/up's shared walk before its wait) and the compressor / indexer side stream against the same model with all of them off:
+// scores and top-k as one launch, wq_b and the indexer's wq_b as one GEMV, gate/up's shared walk before its wait, the page-locked transfers) and the compressor / indexer side stream against the same model with all of them off:
 // bit-identical logits, eager and graph, both numerics -- this covers CudaBackend's per-call choices (window_store
 // skipping the row attend already stored, attn_out skipping its norm_rope, the fork and join around the compressor
 // and indexer ops, and for batched decode the re-fork per row). On these tiny fixtures (hc_mult 4) all of them
 // engage at every single-token step.
 TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
+  const bool pinned0 = cuda::pinned_io_enabled();  // an opt-in switch: restored at the end, not set on
   auto set_all = [](bool on) {
     cuda::set_attend_store_fuse(on);
     cuda::set_attend_rows_early(on);
@@ -398,6 +400,7 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     cuda::set_wqb_stack(on);
     cuda::set_comp_beside(on);
     cuda::set_topk_main(on);
+    cuda::set_pinned_io(on);
   };
   for (const std::string name : {"flash_fp8", "pro_fp8", "flash_bf16"}) {
     const std::string dir = fixtures_dir() + "/" + name;
@@ -488,6 +491,52 @@ TEST(CudaGraph, DecodeFusionsAreBitIdentical) {
     }
   }
   set_all(true);
+  cuda::set_pinned_io(pinned0);
+}
+
+// The error flag a kernel raises on invalid input reaches the caller through either transfer path (DSV4_PINNED_IO:
+// the flag read behind the stream's work from page-locked memory, or a separate read): the attention of a CSA layer
+// given a top-k entry the sequence cannot see must make synchronize() throw, once, and leave the backend usable.
+TEST(CudaBackendIo, KernelErrorReachesTheCallerOnBothTransferPaths) {
+  const std::string dir = fixtures_dir() + "/flash_fp8";
+  const auto ids = read_bin<int32_t>(dir + "/ids.bin");
+  const bool pinned0 = cuda::pinned_io_enabled();
+  for (bool pinned : {true, false}) {
+    cuda::set_pinned_io(pinned);
+    Model m(dir, make_cuda_backend(), Numerics::Official);
+    const ModelConfig& c = m.config();
+    int csa = -1;
+    for (int l = 0; l < c.n_layers && csa < 0; ++l)
+      if (c.kind(l) == AttnKind::CSA) csa = l;
+    ASSERT_GE(csa, 0) << "flash_fp8 has no CSA layer";
+    const int pre = 32;
+    ASSERT_GE(static_cast<int>(ids.size()), pre);
+    Forward fwd(m, pre);
+    auto st = m.backend().new_sequence(256);
+    std::vector<float> lg(static_cast<size_t>(c.vocab_size));
+    fwd.forward(*st, ids.data(), pre, 0, lg.data(), true);  // compressed entries exist; the step at pre sees pre / ratio
+    Backend& b = m.backend();
+    const size_t K = static_cast<size_t>(c.index_topk), qd = static_cast<size_t>(c.n_heads * c.head_dim);
+    float* q = b.alloc_f32(qd);
+    float* kv = b.alloc_f32(static_cast<size_t>(c.head_dim));
+    float* o = b.alloc_f32(qd);
+    int32_t* topk = b.alloc_i32(K);
+    std::vector<int32_t> sel(K, -1);
+    sel[0] = 1 << 20;  // far past the visible entries
+    b.upload_i32(topk, sel.data(), K);
+    b.attend(csa, q, kv, topk, 1, pre, *st, o);
+    try {
+      b.synchronize();
+      ADD_FAILURE() << (pinned ? "pinned" : "pageable") << ": an invisible top-k entry raised no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not visible"), std::string::npos) << e.what();
+    }
+    b.synchronize();  // the flag was cleared: no second report
+    std::vector<int32_t> back(K);
+    b.download_i32(back.data(), topk, K);
+    EXPECT_EQ(back, sel) << (pinned ? "pinned" : "pageable") << " round trip";
+  }
+  cuda::set_pinned_io(pinned0);
 }
 
 // Batched decode across sequences (Forward::forward_batch: one token of each of up to 8 sequences at different

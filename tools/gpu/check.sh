@@ -165,7 +165,7 @@ fi
 # batched step's line is in the summary then).
 AB_LAYERS=${AB_LAYERS:-20}
 AB_ARGS=${AB_ARGS:-}
-ab_line() { grep -E "per layer|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms|batched decode, " "$1" | tr -s ' ' | tr '\n' ' '; }
+ab_line() { grep -E "per layer|decode step with LM head|prefill [0-9]+ tokens|moe/gate_up|moe/down|attend +[0-9.]+ ms|batched decode, " "$1" | tr -s ' ' | tr '\n' ' '; }
 if [ -n "${AB:-}" ]; then
   for prompt in ${AB_PROMPT:-2048}; do
     for rep in $(seq 1 "${AB_REPS:-1}"); do

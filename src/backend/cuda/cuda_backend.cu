@@ -390,6 +390,7 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaEventCreateWithFlags(&idx_q_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&idx_done_ev_, cudaEventDisableTiming));
     DSV4_CU(cudaEventCreateWithFlags(&wqb_ev_, cudaEventDisableTiming));
+    DSV4_CU(cudaEventCreateWithFlags(&up_ev_, cudaEventDisableTiming));
     for (int i = 0; i < 3; ++i) {
       DSV4_CU(cudaStreamCreateWithFlags(&attn_side_[i], cudaStreamNonBlocking));
       DSV4_CU(cudaEventCreateWithFlags(&attn_join_ev_[i], cudaEventDisableTiming));
@@ -410,6 +411,7 @@ class CudaBackend final : public Backend {
     if (idx_q_ev_) cudaEventDestroy(idx_q_ev_);
     if (idx_done_ev_) cudaEventDestroy(idx_done_ev_);
     if (wqb_ev_) cudaEventDestroy(wqb_ev_);
+    if (up_ev_) cudaEventDestroy(up_ev_);
     for (int i = 0; i < 3; ++i) {
       if (attn_join_ev_[i]) cudaEventDestroy(attn_join_ev_[i]);
       if (attn_side_[i]) cudaStreamDestroy(attn_side_[i]);
@@ -500,28 +502,56 @@ class CudaBackend final : public Backend {
     DSV4_CU(cudaDeviceSynchronize());
     return p;
   }
+  // The per-step transfers (a step's token ids up, its logits down, the error flag) through page-locked staging
+  // buffers (cuda::pinned_io_enabled, opt-in until measured): the upload returns without waiting for the GPU (the
+  // stream orders the copy before the step's kernels), the download is plain DMA with the error flag in the same
+  // stream, so a step costs the host one synchronisation instead of three. Off: the caller's pageable memory.
   void upload_i32(int32_t* dst, const int32_t* src, size_t n) override {
-    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, s_));
-    DSV4_CU(cudaStreamSynchronize(s_));  // src is pageable caller memory that may change after we return
+    if (!cuda::pinned_io_enabled()) {
+      DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, s_));
+      DSV4_CU(cudaStreamSynchronize(s_));  // src is pageable caller memory that may change after we return
+      return;
+    }
+    if (up_pending_) DSV4_CU(cudaEventSynchronize(up_ev_));  // the previous upload's copy has left the buffer
+    void* h = up_.get(n * 4);
+    std::memcpy(h, src, n * 4);
+    DSV4_CU(cudaMemcpyAsync(dst, h, n * 4, cudaMemcpyHostToDevice, s_));
+    DSV4_CU(cudaEventRecord(up_ev_, s_));
+    up_pending_ = true;
   }
-  void download_f32(float* dst, const float* src, size_t n) override {
-    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, s_));
-    synchronize();
-  }
-  void download_i32(int32_t* dst, const int32_t* src, size_t n) override {
-    DSV4_CU(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, s_));
-    synchronize();
+  void download_f32(float* dst, const float* src, size_t n) override { download(dst, src, n * 4); }
+  void download_i32(int32_t* dst, const int32_t* src, size_t n) override { download(dst, src, n * 4); }
+  void download(void* dst, const void* src, size_t bytes) {
+    if (!cuda::pinned_io_enabled()) {
+      DSV4_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+      synchronize();
+      return;
+    }
+    void* h = down_.get(bytes);
+    DSV4_CU(cudaMemcpyAsync(h, src, bytes, cudaMemcpyDeviceToHost, s_));
+    synchronize();  // throws on a kernel's error report: dst is then left as it was
+    std::memcpy(dst, h, bytes);
   }
   void synchronize() override {
     DSV4_CU(cudaStreamSynchronize(side_));  // moe()'s shared-expert branch (joined into s_ unless an op threw midway)
     for (cudaStream_t st : attn_side_) DSV4_CU(cudaStreamSynchronize(st));  // likewise the compressor / indexer
-    DSV4_CU(cudaStreamSynchronize(s_));
+    int e = 0;
+    if (cuda::pinned_io_enabled()) {  // the flag behind the stream's work: one wait for both
+      int* he = static_cast<int*>(err_host_.get(sizeof(int)));
+      DSV4_CU(cudaMemcpyAsync(he, err_, sizeof(int), cudaMemcpyDeviceToHost, s_));
+      DSV4_CU(cudaStreamSynchronize(s_));
+      e = *he;
+    } else {
+      DSV4_CU(cudaStreamSynchronize(s_));
+      DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
+    }
+    up_pending_ = false;  // s_ has completed: so has any upload's copy
     attn_side_open_ = idx_scores_pending_ = false;  // every branch has completed: nothing left to join
     for (int64_t& g : attn_wait_gen_) g = -1;
-    int e = 0;
-    DSV4_CU(cudaMemcpy(&e, err_, sizeof(int), cudaMemcpyDeviceToHost));
     if (e) {
-      DSV4_CU(cudaMemset(err_, 0, sizeof(int)));
+      // Cleared in s_'s order: the next step's kernels and the next flag read follow it (a legacy-stream memset
+      // would not be ordered with this non-blocking stream).
+      DSV4_CU(cudaMemsetAsync(err_, 0, sizeof(int), s_));
       fail("CUDA backend: a kernel reported invalid input (code ", e,
            e & 1 ? ": the indexer selected a compressed entry that is not visible" : "", ")");
     }
@@ -2164,6 +2194,26 @@ class CudaBackend final : public Backend {
   int captures_ = 0, replays_ = 0;
   DevHeap heap_;
   int* err_ = nullptr;
+  // Page-locked host staging (upload_i32 / download / synchronize); grown to the largest transfer, kept.
+  struct PinnedBuf {
+    void* p = nullptr;
+    size_t bytes = 0;
+    void* get(size_t n) {
+      if (n > bytes) {
+        if (p) DSV4_CU(cudaFreeHost(p));
+        p = nullptr, bytes = 0;
+        DSV4_CU(cudaMallocHost(&p, n));
+        bytes = n;
+      }
+      return p;
+    }
+    ~PinnedBuf() {
+      if (p) cudaFreeHost(p);
+    }
+  };
+  PinnedBuf up_, down_, err_host_;
+  cudaEvent_t up_ev_ = nullptr;  // after the last upload_i32's copy out of up_
+  bool up_pending_ = false;
   const void* embed_ = nullptr;
   int embed_dtype_ = 1;
   DevLinear head_;

@@ -483,6 +483,13 @@ bool topk_main_enabled();
 // (docs/BENCHMARKS.md, session 29, one H200, 20 Flash layers): -1.4 us per layer over 5 alternating pairs.
 void set_wqb_stack(bool on);
 bool wqb_stack_enabled();
+// The backend's per-step host transfers (token ids up, logits and the error flag down) through page-locked staging
+// buffers, one host synchronisation per step (DSV4_PINNED_IO=1 / set_pinned_io(true); default off -- written in
+// session 37, when no GPU could be started to test or time it: the tests toggle it, tools/gpu/probes/
+// logits_download_probe.cu times the copies; off: the caller's pageable memory, a wait after the upload and a
+// separate error-flag read). The same bytes either way.
+void set_pinned_io(bool on);
+bool pinned_io_enabled();
 // The verify pair (CudaBackend::pair_rows) as a recorded two-row step in reference numerics too (official numerics
 // always on one GPU): default on; DSV4_PAIR_ROWS_REFERENCE=0 / false: the two-token chunk in reference numerics.
 void set_pair_rows_reference(bool on);

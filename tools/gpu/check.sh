@@ -64,6 +64,14 @@ if [ -n "${PREBUILT:-}" ]; then
     mkdir -p "$(dirname "$PREBUILT_SRC")" && ln -s "$ROOT" "$PREBUILT_SRC" && note "- linked $PREBUILT_SRC -> $ROOT"
   fi
   note "- prebuilt binaries from $PREBUILT"
+  # A prebuilt dsv4 links the dev machine's libcpp-httplib (and its TLS / compression libraries), which the GPU image
+  # lacks: without .gpudeps (tools/gpu/make_deps.sh, carried) every bench step would fail with rc 127.
+  for b in dsv4 test_cuda; do
+    if missing=$(ldd "$BIN/$b" 2>&1 | grep "not found"); then
+      note "- prebuilt $b cannot load: $(echo "$missing" | tr -s ' \t' ' ' | tr '\n' ';') -- run tools/gpu/make_deps.sh and carry .gpudeps"
+      cat "$SUMMARY"; exit 1
+    fi
+  done
 else
   step configure 60 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release || { cat "$SUMMARY"; exit 1; }
   # The CUDA targets first, so that an unrelated build break elsewhere cannot hide the GPU results.
@@ -75,6 +83,12 @@ DSV4=$BIN/dsv4
 # NoiseFloor.* is CPU only (~3 min): the dev machine runs it. GTEST_FILTER overrides the selection.
 step test_cuda 240 "$BIN/test_cuda" --gtest_filter="${GTEST_FILTER:--NoiseFloor.*}"
 grep -E '^\[(op|cuda-vs-cpu|cuda-session|cuda-mtp|cuda-graph|cuda-graph-bench)\]|FAILED|PASSED' "$OUT/test_cuda.log" >> "$SUMMARY"
+# A filter that matches nothing passes in gtest: here it is a mistake (e.g. 'DecodeFusions*' for a test whose suite is
+# CudaGraph -- '*DecodeFusions*' matches), so it fails the run.
+if grep -q '^\[  PASSED  \] 0 tests' "$OUT/test_cuda.log"; then
+  note "- test_cuda: the filter '${GTEST_FILTER:-}' selected no test: FAILED"
+  status=1
+fi
 
 # CUDA logits vs the golden (HF fp64) logits, reference numerics, chunk whole / 1 / 7.
 cat > "$BUILD/cmp.py" <<'PY'

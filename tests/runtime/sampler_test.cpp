@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "core/error.h"
@@ -154,6 +156,55 @@ TEST(Sampler, LargeVocabularyDrawIsUniformWhenTheLogitsAre) {
   for (int b = 0; b < 10; ++b) EXPECT_NEAR(seen[static_cast<size_t>(b)] / double(N), 1000.0 / V, 0.008) << "stretch " << b;
   Sampler again(p);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(again.sample(l, {}).token, first[static_cast<size_t>(i)]);
+}
+
+// Top-p / min-p without top-k sort only the tokens that can survive the cut (a histogram of the mass finds them). Two
+// independent checks at the V4 vocabulary size: the nucleus computed here in double precision from a full sort
+// contains every drawn token, and the sampler's own sort-everything path (top_k = V - 1: a partial sort of all but
+// one token, which carries ~no mass) draws the same token for the same seed.
+TEST(Sampler, TopPAndMinPWithoutTopKMatchAFullSort) {
+  const int V = 129280;
+  std::vector<float> l(static_cast<size_t>(V));
+  uint64_t st = 12345;
+  for (auto& v : l) {  // deterministic pseudo-normal logits (sum of 4 uniforms), std ~2
+    double a = 0;
+    for (int k = 0; k < 4; ++k) st = st * 6364136223846793005ull + 1442695040888963407ull, a += (st >> 11) * 0x1.0p-53;
+    v = static_cast<float>((a - 2.0) * 3.5);
+  }
+  l[static_cast<size_t>(V - 7)] = -100.0f;  // the token top_k = V - 1 drops: certainly the lowest
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  struct Case { float t, top_p, min_p; };
+  for (const Case c : {Case{0.8f, 0.9f, 0.0f}, Case{1.0f, 0.5f, 0.0f}, Case{0.6f, 1.0f, 0.05f}, Case{1.0f, 0.95f, 0.02f}}) {
+    // The nucleus in double precision, with a little slack for the sampler's single-precision exponentials.
+    const double mx = l[static_cast<size_t>(order[0])];
+    double z = 0;
+    for (float v : l) z += std::exp((v - mx) / c.t);
+    std::set<int32_t> allowed;
+    double acc = 0;
+    for (int32_t t : order) {
+      const double p = std::exp((l[static_cast<size_t>(t)] - mx) / c.t);
+      if (c.min_p > 0 && p < c.min_p * (1 - 1e-5)) break;
+      allowed.insert(t);
+      acc += p / z;
+      if (c.top_p < 1 && acc >= c.top_p + 1e-5) break;
+    }
+    int same = 0;
+    const int N = 60;  // (the full-sort path costs ~25 ms a draw)
+    for (int i = 0; i < N; ++i) {
+      SamplingParams p;
+      p.temperature = c.t, p.top_p = c.top_p, p.min_p = c.min_p, p.seed = static_cast<uint64_t>(i);
+      const int32_t got = Sampler(p).sample(l, {}).token;
+      EXPECT_TRUE(allowed.count(got)) << "t " << c.t << " top_p " << c.top_p << " min_p " << c.min_p << ": token " << got
+                                      << " outside the nucleus of " << allowed.size();
+      p.top_k = V - 1;
+      same += Sampler(p).sample(l, {}).token == got;
+    }
+    EXPECT_GE(same, N - 1) << "t " << c.t << " top_p " << c.top_p << " min_p " << c.min_p << ": the full-sort path differs";
+    std::printf("[sampler] V %d t %.2f top_p %.2f min_p %.2f: nucleus %zu tokens, full-sort path agrees on %d / %d draws\n",
+                V, c.t, c.top_p, c.min_p, allowed.size(), same, N);
+  }
 }
 
 TEST(Sampler, RejectsBadParameters) {

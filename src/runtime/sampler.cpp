@@ -246,7 +246,7 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
       const float to_bucket = kBuckets / kURange;
       auto bucket = [&](int32_t i) {
         const float u = (mx - w[i]) * inv_t;
-        return u >= kURange ? kBuckets - 1 : std::min(kBuckets - 1, static_cast<int>(u * to_bucket));
+        return !(u < kURange) ? kBuckets - 1 : std::min(kBuckets - 1, static_cast<int>(u * to_bucket));  // (NaN: last)
       };
       int last = kBuckets - 1;
       if (p_.min_p > 0.0f) {  // the loop below keeps exps >= min_p * exps(top) = min_p only: u <= -ln(min_p)

@@ -207,6 +207,23 @@ TEST(Sampler, TopPAndMinPWithoutTopKMatchAFullSort) {
   }
 }
 
+// A masked logit (-inf) is never drawn, on every draw path.
+TEST(Sampler, MaskedLogitsAreNeverDrawn) {
+  const std::vector<float> l{2.0f, 1.0f, -INFINITY, 0.0f};
+  for (int path = 0; path < 4; ++path) {
+    std::set<int32_t> seen;
+    for (uint64_t seed = 0; seed < 300; ++seed) {
+      SamplingParams p;
+      p.seed = seed;
+      if (path == 1) p.top_p = 0.999f;  // the histogram's candidates
+      if (path == 2) p.min_p = 1e-6f;
+      if (path == 3) p.top_k = 3;
+      seen.insert(Sampler(p).sample(l, {}).token);
+    }
+    EXPECT_EQ(seen, (std::set<int32_t>{0, 1, 3})) << "path " << path;
+  }
+}
+
 TEST(Sampler, RejectsBadParameters) {
   SamplingParams p;
   p.top_p = 0;

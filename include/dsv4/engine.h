@@ -152,7 +152,6 @@ class Sampler {
   std::vector<double> blocks_;   // their sums per block of the vocabulary
   std::vector<int32_t> order_;
   std::vector<double> probs_;
-  std::vector<double> hist_;     // top-p without top-k: the vocabulary's mass per bucket of log-probability
 };
 
 }  // namespace dsv4

@@ -107,6 +107,25 @@ int first_equal(const float* w, int V, float v) {
   return V;
 }
 
+// Appends to `out` every t with w[t] >= cut, in token order, and returns the sum of their e[t] (in that order).
+double collect_at_least(const float* w, int V, float cut, const float* e, std::vector<int32_t>& out) {
+  out.clear();
+  double mass = 0;
+  int t = 0;
+#ifdef DSV4_SAMPLER_AVX2
+  const __m256 vc = _mm256_set1_ps(cut);
+  for (; t + 8 <= V; t += 8)
+    for (unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(w + t), vc, _CMP_GE_OQ))); m; m &= m - 1) {
+      const int i = t + std::countr_zero(m);
+      out.push_back(i);
+      mass += e[i];
+    }
+#endif
+  for (; t < V; ++t)
+    if (w[t] >= cut) out.push_back(t), mass += e[t];
+  return mass;
+}
+
 // S = sum of e_i = exp_le0((w_i - mx) * s) in double, in a fixed order: the vocabulary in blocks of kBlock tokens, a
 // block summed in 8 lanes (token i into lane i % 8) joined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the block's
 // last (< 8) tokens in order; S is the block sums in order. Writes e to `out` and the block sums to `blocks` if given.
@@ -211,7 +230,6 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
       r -= e;
     }
   } else {
-    z = exp_sum(w, V, mx, 1.0f, nullptr, nullptr);
     auto by_logit = [&](int32_t a, int32_t b) {
       float va = w[a], vb = w[b];
       return va > vb || (va == vb && a < b);
@@ -220,6 +238,7 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
     size_t keep = 0;  // candidates, in order_[0..keep) sorted by logit (then id)
     double sum = 0;   // the mass top_p is a fraction of
     if (p_.top_k > 0 && p_.top_k < V) {
+      z = exp_sum(w, V, mx, 1.0f, nullptr, nullptr);
       keep = static_cast<size_t>(p_.top_k);
       order_.resize(static_cast<size_t>(V));
       std::iota(order_.begin(), order_.end(), 0);
@@ -233,42 +252,22 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
     } else {
       // No top-k: top-p and / or min-p over the whole vocabulary. Sorting all of it cost ~25 ms per token at the V4
       // vocabulary (129,280; measured, session 37) -- several decode steps. Only the tokens that can survive the cut
-      // are sorted: the vocabulary's mass once (the untruncated draw's exponentials), then a histogram of that mass
-      // over the tempered log-probability u = (max - logit) / T finds the bucket where the top-p mass is reached;
-      // every token of the nucleus lies in the buckets up to it (the bucket index is monotone in the logit, so the
-      // candidates are a prefix of the sorted order), and min-p bounds u by -ln(min_p).
+      // are sorted: those within U of the top in tempered log-probability u = (max - logit) / T -- a threshold on the
+      // logit, so a prefix of the sorted order -- with U grown until their mass reaches the top-p mass (every token
+      // of the nucleus is then among them); min-p caps U at -ln(min_p), past which its loop below keeps nothing.
       const float inv_t = 1.0f / p_.temperature;
       exps_.resize(static_cast<size_t>(V));
       blocks_.resize(static_cast<size_t>(n_blocks(V)));
       sum = exp_sum(w, V, mx, inv_t, exps_.data(), blocks_.data());
-      constexpr int kBuckets = 4096;
-      constexpr float kURange = 87.0f;  // exp_le0 is 0 below -87: the last bucket holds everything past it
-      const float to_bucket = kBuckets / kURange;
-      auto bucket = [&](int32_t i) {
-        const float u = (mx - w[i]) * inv_t;
-        return !(u < kURange) ? kBuckets - 1 : std::min(kBuckets - 1, static_cast<int>(u * to_bucket));  // (NaN: last)
-      };
-      int last = kBuckets - 1;
-      if (p_.min_p > 0.0f) {  // the loop below keeps exps >= min_p * exps(top) = min_p only: u <= -ln(min_p)
-        const float umax = -std::log(p_.min_p) + 1e-3f;  // (+ margin for exp_le0's ulp)
-        if (umax < kURange) last = std::min(last, static_cast<int>(umax * to_bucket));
+      z = p_.temperature == 1.0f ? sum : exp_sum(w, V, mx, 1.0f, nullptr, nullptr);  // (the same sum at temperature 1)
+      constexpr float kURange = 88.0f;  // exp_le0 is 0 below -87: past this U every token with mass is a candidate
+      const float u_min_p = p_.min_p > 0.0f ? std::min(kURange, -std::log(p_.min_p) + 1e-3f) : kURange;  // (+ ulp margin)
+      const double target = p_.top_p < 1.0f ? static_cast<double>(p_.top_p) * sum : std::numeric_limits<double>::infinity();
+      // (U grows by 2 up to 16, then by half: a pass is ~40 us, a sort of the candidates grows with their count.)
+      for (float U = std::min(8.0f, u_min_p);; U = std::min(U < 16.0f ? U + 2.0f : 1.5f * U, u_min_p)) {
+        const double mass = collect_at_least(w, V, mx - U * p_.temperature, exps_.data(), order_);
+        if (mass >= target || U >= u_min_p) break;
       }
-      if (p_.top_p < 1.0f) {
-        hist_.assign(kBuckets, 0.0);
-        for (int32_t i = 0; i < V; ++i) hist_[static_cast<size_t>(bucket(i))] += exps_[static_cast<size_t>(i)];
-        const double target = static_cast<double>(p_.top_p) * sum;
-        double acc = 0;
-        for (int b = 0; b < last; ++b) {
-          acc += hist_[static_cast<size_t>(b)];
-          if (acc >= target) {
-            last = b;
-            break;
-          }
-        }
-      }
-      order_.clear();
-      for (int32_t i = 0; i < V; ++i)
-        if (bucket(i) <= last) order_.push_back(i);
       std::sort(order_.begin(), order_.end(), by_logit);
       keep = order_.size();
       probs.resize(keep);

@@ -207,6 +207,26 @@ TEST(Sampler, TopPAndMinPWithoutTopKMatchAFullSort) {
   }
 }
 
+// The top-p candidates must reach past the first cut when its mass falls short: 10 tokens at logit 0 hold 45 % of the
+// mass, 100,000 tokens at -9 (well past the first cut) the rest, so at top_p 0.9 about half of the nucleus' mass is in
+// the second group -- and half of the draws.
+TEST(Sampler, TopPReachesPastTheFirstCandidateCut) {
+  const int V = 100010;
+  std::vector<float> l(static_cast<size_t>(V), -9.0f);
+  for (int i = 0; i < 10; ++i) l[static_cast<size_t>(i * 1000)] = 0.0f;
+  const double e2 = std::exp(-9.0), total = 10 + (V - 10) * e2, target = 0.9 * total;
+  const double k = std::ceil((target - 10) / e2), share = k * e2 / (10 + k * e2);  // group 2's share of the nucleus
+  SamplingParams p;
+  p.top_p = 0.9f;
+  p.seed = 5;
+  Sampler s(p);
+  int second = 0;
+  const int N = 1000;
+  for (int i = 0; i < N; ++i) second += l[static_cast<size_t>(s.sample(l, {}).token)] < 0;
+  std::printf("[sampler] two groups: %.3f of the draws from the second (expected %.3f)\n", second / double(N), share);
+  EXPECT_NEAR(second / double(N), share, 0.05);  // (3 sigma)
+}
+
 // A masked logit (-inf) is never drawn, on every draw path.
 TEST(Sampler, MaskedLogitsAreNeverDrawn) {
   const std::vector<float> l{2.0f, 1.0f, -INFINITY, 0.0f};

@@ -21,13 +21,14 @@ int main() {
     const char* name;
     dsv4::SamplingParams p;
   };
-  std::vector<Case> cases(6);
+  std::vector<Case> cases(7);
   cases[0].name = "greedy", cases[0].p.temperature = 0;
   cases[1].name = "temperature 1 (whole vocabulary)";
   cases[2].name = "temperature 0.7, top_p 0.95", cases[2].p.temperature = 0.7f, cases[2].p.top_p = 0.95f;
   cases[3].name = "temperature 0.7, min_p 0.05", cases[3].p.temperature = 0.7f, cases[3].p.min_p = 0.05f;
   cases[4].name = "temperature 0.7, top_k 40", cases[4].p.temperature = 0.7f, cases[4].p.top_k = 40;
   cases[5].name = "temperature 1, repetition 1.1, top_logprobs 5", cases[5].p.repetition_penalty = 1.1f, cases[5].p.top_logprobs = 5;
+  cases[6].name = "temperature 1, top_p 0.95", cases[6].p.top_p = 0.95f;
   std::printf("sampler, %d logits, median of 300 draws:\n", V);
   for (auto& c : cases) {
     dsv4::Sampler s(c.p);

@@ -152,6 +152,8 @@ class Sampler {
   std::vector<double> blocks_;   // their sums per block of the vocabulary
   std::vector<int32_t> order_;
   std::vector<double> probs_;
+  // Penalties: the generated tokens counted so far, their counts per token id and the ids seen at least once.
+  std::vector<int32_t> counted_, counts_, distinct_;
 };
 
 }  // namespace dsv4

@@ -94,6 +94,32 @@ TEST(Sampler, FrequencyPenaltyMovesTheArgmax) {
   EXPECT_EQ(s.sample(logits_of({3.0f, 2.0f}), {0, 0}).token, 1);
 }
 
+// The penalties' counts are kept across calls and advanced by the appended tokens: a sampler used for a whole
+// generation must choose exactly what a fresh sampler counting the list from scratch chooses, step by step, and
+// start over when the list is not an extension (another history, a shorter one, one changed in the middle).
+TEST(Sampler, PenaltyCountsCarriedAcrossCallsMatchARecount) {
+  const int V = 1000;
+  std::vector<float> l(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) l[static_cast<size_t>(i)] = 2.0f * std::sin(0.7f * static_cast<float>(i)) + 0.001f * static_cast<float>(i % 7);
+  SamplingParams p;
+  p.temperature = 0;  // greedy: the choice depends on the penalised logits only
+  p.frequency_penalty = 0.4f, p.presence_penalty = 0.3f, p.repetition_penalty = 1.2f;
+  p.top_logprobs = 2;
+  Sampler kept(p);
+  std::vector<int32_t> gen;
+  for (int step = 0; step < 300; ++step) {
+    const SampledToken a = kept.sample(l, gen);
+    const SampledToken b = Sampler(p).sample(l, gen);
+    ASSERT_EQ(a.token, b.token) << "step " << step;
+    ASSERT_EQ(a.logprob, b.logprob) << "step " << step;
+    gen.push_back(a.token);
+  }
+  std::vector<int32_t> other(gen.begin(), gen.begin() + 100), changed = gen;
+  changed[50] = (changed[50] + 1) % V;
+  for (const auto* h : {&other, &changed, &gen}) EXPECT_EQ(kept.sample(l, *h).token, Sampler(p).sample(l, *h).token);
+  EXPECT_GT(std::set<int32_t>(gen.begin(), gen.end()).size(), 20u) << "the penalties should spread the choices";
+}
+
 TEST(Sampler, LogprobsAreNormalised) {
   SamplingParams p;
   p.temperature = 0;

@@ -148,7 +148,7 @@ class Sampler {
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<float> work_;      // penalised logits (only when a penalty is set)
-  std::vector<float> exps_;      // exp((logit - max) / T) of the untruncated draw
+  std::vector<float> exps_;      // exp((logit - max) / T) of the untruncated draw and of top-p / min-p without top-k
   std::vector<double> blocks_;   // their sums per block of the vocabulary
   std::vector<int32_t> order_;
   std::vector<double> probs_;

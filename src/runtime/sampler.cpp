@@ -267,8 +267,7 @@ SampledToken Sampler::sample(const std::vector<float>& logits, const std::vector
       // of the nucleus is then among them); min-p caps U at -ln(min_p), past which its loop below keeps nothing.
       const float inv_t = 1.0f / p_.temperature;
       exps_.resize(static_cast<size_t>(V));
-      blocks_.resize(static_cast<size_t>(n_blocks(V)));
-      sum = exp_sum(w, V, mx, inv_t, exps_.data(), blocks_.data());
+      sum = exp_sum(w, V, mx, inv_t, exps_.data(), nullptr);
       z = p_.temperature == 1.0f ? sum : exp_sum(w, V, mx, 1.0f, nullptr, nullptr);  // (the same sum at temperature 1)
       constexpr float kURange = 88.0f;  // exp_le0 is 0 below -87: past this U every token with mass is a candidate
       const float u_min_p = p_.min_p > 0.0f ? std::min(kURange, -std::log(p_.min_p) + 1e-3f) : kURange;  // (+ ulp margin)

@@ -3682,12 +3682,12 @@ namespace {
 std::atomic<bool> g_wqb_stack_on{switch_on("DSV4_WQB_STACK")};
 }  // namespace
 void set_wqb_stack(bool on) { g_wqb_stack_on.store(on, std::memory_order_relaxed); }
+bool wqb_stack_enabled() { return g_wqb_stack_on.load(std::memory_order_relaxed); }
 namespace {
 std::atomic<bool> g_pinned_io_on{switch_opt_in("DSV4_PINNED_IO")};
 }  // namespace
 void set_pinned_io(bool on) { g_pinned_io_on.store(on, std::memory_order_relaxed); }
 bool pinned_io_enabled() { return g_pinned_io_on.load(std::memory_order_relaxed); }
-bool wqb_stack_enabled() { return g_wqb_stack_on.load(std::memory_order_relaxed); }
 void set_attn_lazy_fork(bool on) { g_attn_lazy_fork_on.store(on, std::memory_order_relaxed); }
 bool attn_lazy_fork_enabled() { return g_attn_lazy_fork_on.load(std::memory_order_relaxed); }
 std::atomic<bool> g_comp_beside_on{switch_on("DSV4_COMP_BESIDE")};
